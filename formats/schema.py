@@ -1,0 +1,287 @@
+"""The one Arrow <-> TensorFlow type mapping that every data path uses.
+
+The mapping is decided from the Arrow schema alone (plus optional declared shapes), column by
+column, into a :class:`ColumnSpec`. Push (``feeders.source``), the pull readers and the TFRecord
+coders all go through :func:`column_specs`, so one table gives the same tensors whichever way it
+reaches TensorFlow.
+
+=============================  ==============================================================
+Arrow type                     TensorFlow
+=============================  ==============================================================
+bool, int*, uint*, float*      scalar of the same dtype, shape ``[batch]``
+fixed_size_list<T>[n]          dense ``[batch, n]`` (nested fixed lists add dimensions)
+list<T> / large_list<T>        ragged ``[batch, None]``; dense ``[batch, *shape]`` when a shape
+                               is declared for the column (``shapes={"img": (28, 28)}``)
+string / binary (and large_)   ``tf.string``
+dictionary<T>                  decoded to T
+timestamp[unit]                int64 counts of ``unit`` since the epoch (Spark: microseconds)
+date32                         int32 days since the epoch
+=============================  ==============================================================
+
+Nothing here imports TensorFlow at module import time; :func:`tf_spec` imports it when called.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dataplane.errors import SchemaError
+
+__all__ = [
+    "ColumnSpec",
+    "RaggedColumn",
+    "column_specs",
+    "tf_spec",
+    "to_numpy",
+]
+
+_SCALAR_DTYPES = {
+    pa.bool_(): "bool",
+    pa.int8(): "int8",
+    pa.int16(): "int16",
+    pa.int32(): "int32",
+    pa.int64(): "int64",
+    pa.uint8(): "uint8",
+    pa.uint16(): "uint16",
+    pa.uint32(): "uint32",
+    pa.uint64(): "uint64",
+    pa.float16(): "float16",
+    pa.float32(): "float32",
+    pa.float64(): "float64",
+}
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """How one Arrow column becomes one TF tensor.
+
+    Attributes:
+        name: column name.
+        dtype: numpy/TF dtype name of the elements (``"string"`` for text and bytes).
+        shape: per-row shape; ``()`` for scalars, ``None`` entries for ragged dimensions.
+        ragged_rank: number of ragged dimensions (0 for dense).
+        fill: value that replaces nulls; ``None`` means a null is an error.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...] = ()
+    ragged_rank: int = 0
+    fill: Any = None
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.ragged_rank > 0
+
+
+class RaggedColumn(NamedTuple):
+    """A ragged column as flat values plus one ``row_splits`` array per ragged dimension."""
+
+    values: np.ndarray
+    row_splits: tuple[np.ndarray, ...]
+
+
+def _element_type(name: str, t: pa.DataType, where: str) -> tuple[str, tuple[int | None, ...], int]:
+    """Return (dtype, per-row shape, ragged_rank) for an Arrow type, or raise SchemaError."""
+    if pa.types.is_dictionary(t):
+        return _element_type(name, t.value_type, where)
+    if t in _SCALAR_DTYPES:
+        return _SCALAR_DTYPES[t], (), 0
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    ):
+        return "string", (), 0
+    if pa.types.is_timestamp(t):
+        return "int64", (), 0
+    if pa.types.is_date32(t):
+        return "int32", (), 0
+    if pa.types.is_fixed_size_list(t):
+        dtype, inner, rr = _element_type(name, t.value_type, where)
+        return dtype, (t.list_size, *inner), rr
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        dtype, inner, rr = _element_type(name, t.value_type, where)
+        return dtype, (None, *inner), rr + 1
+    if pa.types.is_decimal(t):
+        raise SchemaError(
+            f"column {name!r}{where} has type {t}: TensorFlow has no decimal type. "
+            f"Cast it first, e.g. df.withColumn({name!r}, col({name!r}).cast('double'))."
+        )
+    if pa.types.is_struct(t):
+        raise SchemaError(
+            f"column {name!r}{where} is a struct ({t}): TensorFlow tensors cannot hold structs. "
+            f"Select its fields as separate columns, e.g. df.select('{name}.*')."
+        )
+    if pa.types.is_map(t):
+        raise SchemaError(
+            f"column {name!r}{where} is a map ({t}): TensorFlow tensors cannot hold maps. "
+            f"Turn it into two list columns with map_keys()/map_values()."
+        )
+    raise SchemaError(
+        f"column {name!r}{where} has Arrow type {t}, which has no TensorFlow equivalent. "
+        f"Cast it to a numeric, string or list type before feeding it."
+    )
+
+
+def column_specs(
+    schema: pa.Schema,
+    *,
+    columns: Sequence[str] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fill_values: Mapping[str, Any] | None = None,
+) -> list[ColumnSpec]:
+    """Map an Arrow schema to per-column specs.
+
+    Args:
+        schema: the Arrow schema of the data.
+        columns: keep only these columns, in this order (default: all, in schema order).
+        shapes: declared per-row shapes for list columns; turns a ragged list into a dense
+            tensor of that shape (rows whose length differs are an error at read time).
+        fill_values: value to put in place of nulls per column (default: nulls are an error).
+
+    Raises:
+        SchemaError: a column is missing, has a type TF cannot hold, or a declared shape does
+            not fit the column.
+    """
+    shapes = dict(shapes or {})
+    fill_values = dict(fill_values or {})
+    names = list(columns) if columns is not None else list(schema.names)
+    for extra in list(shapes) + list(fill_values):
+        if extra not in names:
+            raise SchemaError(
+                f"shapes/fill_values name column {extra!r}, which is not among the selected "
+                f"columns {names}."
+            )
+    specs = []
+    for name in names:
+        idx = schema.get_field_index(name)
+        if idx < 0:
+            raise SchemaError(
+                f"column {name!r} is not in the data; the columns are {schema.names}."
+            )
+        dtype, shape, rr = _element_type(name, schema.field(idx).type, "")
+        if name in shapes:
+            declared = tuple(int(d) for d in shapes[name])
+            if len(shape) == 0:
+                raise SchemaError(
+                    f"column {name!r} is a scalar, but shape {declared} was declared for it; "
+                    f"shapes only apply to list columns."
+                )
+            if math.prod(declared) <= 0:
+                raise SchemaError(f"declared shape {declared} for column {name!r} is empty.")
+            shape, rr = declared, 0
+        specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name)))
+    return specs
+
+
+def tf_spec(
+    arrow_schema: pa.Schema,
+    *,
+    columns: Sequence[str] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, Any]:
+    """``{column: tf.TensorSpec | tf.RaggedTensorSpec}`` with a leading unknown batch dimension."""
+    import tensorflow as tf  # noqa: PLC0415 - only callers that build tensors pay for TF
+
+    out: dict[str, Any] = {}
+    for spec in column_specs(arrow_schema, columns=columns, shapes=shapes):
+        dtype = tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
+        shape = (None, *spec.shape)
+        if spec.is_ragged:
+            out[spec.name] = tf.RaggedTensorSpec(shape, dtype, ragged_rank=spec.ragged_rank)
+        else:
+            out[spec.name] = tf.TensorSpec(shape, dtype, name=spec.name)
+    return out
+
+
+def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray:
+    """Leaf values of a (possibly nested list) array as a numpy array of spec.dtype."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count:
+        if spec.fill is None:
+            raise SchemaError(
+                f"column {name!r} has {arr.null_count} null value(s) in a batch of {len(arr)}; "
+                f"TensorFlow tensors cannot hold nulls. Give a fill value "
+                f"(fill_values={{{name!r}: 0}}) or filter/impute the nulls before feeding."
+            )
+        arr = arr.fill_null(pa.scalar(spec.fill, type=arr.type))
+    t = arr.type
+    if pa.types.is_timestamp(t) or pa.types.is_date32(t):
+        arr = arr.cast(pa.int64() if pa.types.is_timestamp(t) else pa.int32())
+    if spec.dtype == "string":
+        return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=object)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=spec.dtype)
+
+
+def _list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Child values and row splits (rebased to 0) of a list or fixed_size_list array."""
+    if pa.types.is_fixed_size_list(arr.type):
+        n = arr.type.list_size
+        values = arr.flatten()
+        return values, np.arange(len(arr) + 1, dtype=np.int64) * n
+    offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    return values, offsets - offsets[0]
+
+
+def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray | RaggedColumn:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not spec.shape:
+        return _flat_values(name, arr, spec)
+    # Nested list column: walk down, collecting row splits, checking list-level nulls.
+    splits: list[np.ndarray] = []
+    cur = arr
+    while pa.types.is_list(cur.type) or pa.types.is_large_list(cur.type) or pa.types.is_fixed_size_list(
+        cur.type
+    ):
+        if cur.null_count:
+            raise SchemaError(
+                f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold a "
+                f"null list. Replace nulls with empty lists (coalesce(col, array())) first."
+            )
+        cur, s = _list_parts(cur)
+        splits.append(s)
+    values = _flat_values(name, cur, spec)
+    if spec.is_ragged:
+        return RaggedColumn(values, tuple(splits))
+    # Dense: every row must hold exactly prod(shape) leaf values.
+    per_row = math.prod(spec.shape)  # type: ignore[arg-type]
+    rows = len(arr)
+    lengths = np.diff(splits[0])
+    if len(splits) == 1 and not np.all(lengths == per_row):
+        bad = int(np.argmax(lengths != per_row))
+        raise SchemaError(
+            f"column {name!r} is fed as dense shape {spec.shape} ({per_row} values a row), but "
+            f"row {bad} of this batch has {int(lengths[bad])} values. Declare the column ragged "
+            f"(leave its shape undeclared) or fix the data."
+        )
+    if values.shape[0] != rows * per_row:
+        raise SchemaError(
+            f"column {name!r} is fed as dense shape {spec.shape} but a batch of {rows} rows holds "
+            f"{values.shape[0]} values (expected {rows * per_row}). Fix the data or declare it ragged."
+        )
+    return values.reshape((rows, *spec.shape))  # type: ignore[arg-type]
+
+
+def to_numpy(
+    data: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]
+) -> dict[str, np.ndarray | RaggedColumn]:
+    """Convert the spec'd columns of a batch to numpy arrays (this is the one copy out of Arrow).
+
+    Raises:
+        SchemaError: a null without a fill value, or a list row that does not fit its shape.
+    """
+    out: dict[str, np.ndarray | RaggedColumn] = {}
+    for spec in specs:
+        col = data.column(spec.name)
+        out[spec.name] = _column_to_numpy(spec.name, col, spec)
+    return out
