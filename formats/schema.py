@@ -16,7 +16,16 @@ string / binary (and large_)   ``tf.string``
 dictionary<T>                  decoded to T
 timestamp[unit]                int64 counts of ``unit`` since the epoch (Spark: microseconds)
 date32                         int32 days since the epoch
+struct<a: T, ...>              only with ``flatten_structs=True``: one column per leaf field,
+                               named ``"parent.child"``; otherwise a SchemaError
+map, decimal, anything else    SchemaError naming the column and the fix (cast / split)
 =============================  ==============================================================
+
+Nested lists become ragged tensors with one ragged dimension per variable-length list level
+(``list<list<float>>`` -> ``ragged_rank`` 2, shape ``(None, None)``). Timestamps keep the unit of
+their Arrow type (Spark always hands over microseconds); the time zone is dropped (values are
+counts since the UTC epoch). ``ColumnSpec.arrow_type`` remembers the original Arrow type so that
+readers (``formats.read_tfrecords``) can restore it, e.g. to keep ``string`` and ``binary`` apart.
 
 Nothing here imports TensorFlow at module import time; :func:`tf_spec` imports it when called.
 """
@@ -24,7 +33,7 @@ Nothing here imports TensorFlow at module import time; :func:`tf_spec` imports i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -36,6 +45,8 @@ __all__ = [
     "ColumnSpec",
     "RaggedColumn",
     "column_specs",
+    "column_array",
+    "flatten_struct_fields",
     "tf_spec",
     "to_numpy",
 ]
@@ -66,6 +77,8 @@ class ColumnSpec:
         shape: per-row shape; ``()`` for scalars, ``None`` entries for ragged dimensions.
         ragged_rank: number of ragged dimensions (0 for dense).
         fill: value that replaces nulls; ``None`` means a null is an error.
+        arrow_type: the column's original Arrow type when known (not part of equality); lets
+            readers restore it, for example ``binary`` vs ``string`` or a timestamp's unit.
     """
 
     name: str
@@ -73,6 +86,7 @@ class ColumnSpec:
     shape: tuple[int | None, ...] = ()
     ragged_rank: int = 0
     fill: Any = None
+    arrow_type: pa.DataType | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_ragged(self) -> bool:
@@ -117,7 +131,8 @@ def _element_type(name: str, t: pa.DataType, where: str) -> tuple[str, tuple[int
     if pa.types.is_struct(t):
         raise SchemaError(
             f"column {name!r}{where} is a struct ({t}): TensorFlow tensors cannot hold structs. "
-            f"Select its fields as separate columns, e.g. df.select('{name}.*')."
+            f"Select its fields as separate columns, e.g. df.select('{name}.*'), or pass "
+            f"flatten_structs=True to get one '{name}.<field>' column per field."
         )
     if pa.types.is_map(t):
         raise SchemaError(
@@ -130,12 +145,69 @@ def _element_type(name: str, t: pa.DataType, where: str) -> tuple[str, tuple[int
     )
 
 
+def flatten_struct_fields(schema: pa.Schema) -> pa.Schema:
+    """The schema with every struct column replaced by its leaf fields, named ``"a.b"``."""
+    out: list[pa.Field] = []
+
+    def add(prefix: str, f: pa.Field) -> None:
+        if pa.types.is_struct(f.type):
+            for i in range(f.type.num_fields):
+                add(f"{prefix}{f.name}.", f.type.field(i))
+        else:
+            out.append(pa.field(f"{prefix}{f.name}", f.type, nullable=f.nullable))
+
+    for f in schema:
+        add("", f)
+    return pa.schema(out)
+
+
+def column_array(data: pa.RecordBatch | pa.Table, name: str) -> pa.Array | pa.ChunkedArray:
+    """Column ``name`` of ``data``; a dotted name (``"a.b"``) reaches into struct column ``a``.
+
+    A null struct makes its fields null (the parent's validity is applied to the child).
+    """
+    idx = data.schema.get_field_index(name)
+    if idx >= 0:
+        return data.column(idx)
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:cut])
+        if data.schema.get_field_index(head) < 0:
+            continue
+        col = data.column(data.schema.get_field_index(head))
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        rest = parts[cut:]
+        out = []
+        for chunk in chunks:
+            cur = chunk
+            i = 0
+            while i < len(rest):
+                if not pa.types.is_struct(cur.type):
+                    break
+                # match the longest dotted child name first ("a.b" may itself be a field name)
+                for j in range(len(rest), i, -1):
+                    child = ".".join(rest[i:j])
+                    if cur.type.get_field_index(child) >= 0:
+                        cur = cur.flatten()[cur.type.get_field_index(child)]
+                        i = j
+                        break
+                else:
+                    break
+            if i != len(rest):
+                break
+            out.append(cur)
+        else:
+            return out[0] if not isinstance(col, pa.ChunkedArray) else pa.chunked_array(out)
+    raise SchemaError(f"column {name!r} is not in the data; the columns are {data.schema.names}.")
+
+
 def column_specs(
     schema: pa.Schema,
     *,
     columns: Sequence[str] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     fill_values: Mapping[str, Any] | None = None,
+    flatten_structs: bool = False,
 ) -> list[ColumnSpec]:
     """Map an Arrow schema to per-column specs.
 
@@ -145,6 +217,9 @@ def column_specs(
         shapes: declared per-row shapes for list columns; turns a ragged list into a dense
             tensor of that shape (rows whose length differs are an error at read time).
         fill_values: value to put in place of nulls per column (default: nulls are an error).
+        flatten_structs: map each struct column to one column per leaf field, named
+            ``"parent.child"`` (default False: a struct column is a SchemaError, because
+            silently renaming columns would surprise a model expecting the original names).
 
     Raises:
         SchemaError: a column is missing, has a type TF cannot hold, or a declared shape does
@@ -152,6 +227,8 @@ def column_specs(
     """
     shapes = dict(shapes or {})
     fill_values = dict(fill_values or {})
+    if flatten_structs:
+        schema = flatten_struct_fields(schema)
     names = list(columns) if columns is not None else list(schema.names)
     for extra in list(shapes) + list(fill_values):
         if extra not in names:
@@ -166,7 +243,8 @@ def column_specs(
             raise SchemaError(
                 f"column {name!r} is not in the data; the columns are {schema.names}."
             )
-        dtype, shape, rr = _element_type(name, schema.field(idx).type, "")
+        arrow_type = schema.field(idx).type
+        dtype, shape, rr = _element_type(name, arrow_type, "")
         if name in shapes:
             declared = tuple(int(d) for d in shapes[name])
             if len(shape) == 0:
@@ -177,7 +255,7 @@ def column_specs(
             if math.prod(declared) <= 0:
                 raise SchemaError(f"declared shape {declared} for column {name!r} is empty.")
             shape, rr = declared, 0
-        specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name)))
+        specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name), arrow_type))
     return specs
 
 
@@ -186,12 +264,20 @@ def tf_spec(
     *,
     columns: Sequence[str] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    flatten_structs: bool = False,
 ) -> dict[str, Any]:
-    """``{column: tf.TensorSpec | tf.RaggedTensorSpec}`` with a leading unknown batch dimension."""
+    """``{column: tf.TensorSpec | tf.RaggedTensorSpec}`` with a leading unknown batch dimension.
+
+    Raises:
+        SchemaError: as :func:`column_specs`, naming the column TF cannot hold.
+    """
     import tensorflow as tf  # noqa: PLC0415 - only callers that build tensors pay for TF
 
     out: dict[str, Any] = {}
-    for spec in column_specs(arrow_schema, columns=columns, shapes=shapes):
+    specs = column_specs(
+        arrow_schema, columns=columns, shapes=shapes, flatten_structs=flatten_structs
+    )
+    for spec in specs:
         dtype = tf.string if spec.dtype == "string" else tf.as_dtype(spec.dtype)
         shape = (None, *spec.shape)
         if spec.is_ragged:
@@ -282,6 +368,6 @@ def to_numpy(
     """
     out: dict[str, np.ndarray | RaggedColumn] = {}
     for spec in specs:
-        col = data.column(spec.name)
+        col = column_array(data, spec.name)
         out[spec.name] = _column_to_numpy(spec.name, col, spec)
     return out
