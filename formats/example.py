@@ -1,0 +1,432 @@
+"""tf.train.Example coding driven by the schema, one Arrow batch at a time.
+
+Encoding writes the protobuf wire format directly: every column of a batch is turned into one
+Arrow binary array holding, per row, that column's ``Features.feature`` map entry, built from
+numpy arrays (varints, length prefixes) and ``pyarrow.compute`` joins; a record is the join of
+its row across columns. No Python object is built per row or per value, so the cost per row is
+a few numpy passes over the batch.
+
+Feature layout (what :func:`parse_features` asks ``tf.io.parse_example`` for):
+
+* float16/32/64 columns -> ``float_list`` (float64 is stored as float32: ``tf.train.Example``
+  has no double; values read back are the float32-rounded values, typed as double again);
+* bool/int*/uint*, timestamps and dates -> ``int64_list`` (timestamps as int64 counts of their
+  Arrow unit since the UTC epoch, microseconds for Spark; dates as days; uint64 as the int64
+  with the same bits);
+* string/binary -> ``bytes_list``;
+* a column's values are flattened row-major; a column with ragged inner dimensions (``list<list
+  <T>>``) also writes ``"<name>/row_lengths_<d>"``, the lengths of the lists at dimension ``d``,
+  which :func:`parse_features` turns into ``tf.io.RaggedFeature`` partitions.
+
+Null rule (``tf.train.Example`` has no nulls): a null row value (a null scalar or a null list)
+is written as an **absent feature**; an empty list is a present feature with no values, so the two
+stay apart. Readers here (:func:`decode_examples`, ``formats.read_tfrecords``) turn an absent
+feature back into a null. Plain ``tf.io.parse_example`` with :func:`parse_features` needs a value:
+a dense column absent from a record fails to parse unless the spec has a ``fill`` (used as
+``default_value``); a ragged column absent from a record parses as an empty row. Nulls *inside*
+a list (a null element or a null inner list) cannot be written: they are a SchemaError naming the
+column unless the spec has a ``fill`` for elements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataplane.errors import SchemaError
+from formats.example_decode import decode_examples, infer_specs
+from formats.features import feature_kind, ragged_dims, row_lengths_key
+from formats.schema import ColumnSpec, column_array
+
+__all__ = [
+    "feature_kind",
+    "row_lengths_key",
+    "encode_examples",
+    "encode_example_array",
+    "parse_features",
+    "decode_examples",
+    "infer_specs",
+]
+
+_TAG_BYTES, _TAG_FLOAT, _TAG_INT64 = 0x0A, 0x12, 0x1A
+_EMPTY = pa.scalar(b"", pa.large_binary())
+
+
+# ---------------------------------------------------------------------------------------------
+# vectorised wire-format helpers
+
+
+def _varint_sizes(u: np.ndarray) -> np.ndarray:
+    u = u.astype(np.uint64, copy=False)
+    sizes = np.ones(len(u), dtype=np.int64)
+    for k in range(1, 10):
+        sizes += u >= np.uint64(1 << (7 * k))
+    return sizes
+
+
+def _varints(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated varint bytes of every value, and each value's byte size."""
+    u = u.astype(np.uint64, copy=False)
+    sizes = _varint_sizes(u)
+    width = int(sizes.max()) if len(u) else 1
+    mat = np.empty((len(u), width), dtype=np.uint8)
+    for j in range(width):
+        byte = ((u >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8)
+        mat[:, j] = np.where(j < sizes - 1, byte | 0x80, byte)
+    if width == 1:
+        return mat.ravel(), sizes
+    return mat[np.arange(width) < sizes[:, None]], sizes
+
+
+def _binary(data: np.ndarray | pa.Buffer, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A large_binary array over ``data`` with int64 ``offsets`` (zero copy where possible)."""
+    n = len(offsets) - 1
+    vbuf = None
+    if valid is not None and not valid.all():
+        vbuf = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    dbuf = data if isinstance(data, pa.Buffer) else pa.py_buffer(np.ascontiguousarray(data))
+    return pa.Array.from_buffers(
+        pa.large_binary(), n, [vbuf, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)), dbuf]
+    )
+
+
+def _binary_parts(arr: pa.Array) -> tuple[pa.Buffer, np.ndarray]:
+    """(data buffer, int64 offsets) of a large_binary array, honouring its slice offset."""
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = arr.buffers()[2] or pa.py_buffer(b"")
+    return data, offsets
+
+
+def _header(n: int, segments: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Build per-row byte strings from segments: ``bytes`` constants or uint64 varint arrays.
+
+    Returns (concatenated bytes, per-row offsets).
+    """
+    parts = []
+    sizes = np.zeros(n, dtype=np.int64)
+    for seg in segments:
+        if isinstance(seg, (bytes, bytearray)):
+            parts.append(("c", seg))
+            sizes += len(seg)
+        else:
+            s = _varint_sizes(seg)
+            parts.append(("v", seg, s))
+            sizes += s
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    width = int(sizes.max()) if n else 0
+    mat = np.zeros((n, width), dtype=np.uint8)
+    pos = np.zeros(n, dtype=np.int64)
+    rows = np.arange(n)
+    uniform = True  # while every row's position is the same, use plain column slices
+    for part in parts:
+        if part[0] == "c":
+            c = np.frombuffer(part[1], dtype=np.uint8)
+            if uniform:
+                p0 = int(pos[0]) if n else 0
+                mat[:, p0 : p0 + len(c)] = c
+            else:
+                for j, b in enumerate(c):
+                    mat[rows, pos + j] = b
+            pos += len(c)
+        else:
+            u = part[1].astype(np.uint64, copy=False)
+            s = part[2]
+            for j in range(int(s.max()) if n else 0):
+                byte = ((u >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8)
+                byte = np.where(j < s - 1, byte | 0x80, byte)
+                sel = j < s
+                if uniform and sel.all():
+                    mat[:, int(pos[0]) + j] = byte
+                else:
+                    mat[rows[sel], pos[sel] + j] = byte[sel]
+            pos += s
+            uniform = uniform and bool(n == 0 or (s == s[0]).all())
+    if n and width and (sizes == width).all():
+        return mat.ravel(), offsets
+    return mat[np.arange(width) < sizes[:, None]], offsets
+
+
+def _join(*arrays: Any, null_handling: str = "emit_null") -> pa.Array:
+    return pc.binary_join_element_wise(*arrays, _EMPTY, null_handling=null_handling)
+
+
+# ---------------------------------------------------------------------------------------------
+# column flattening
+
+
+class _Flat:
+    """A column as leaf values plus row splits per list level (all rebased to start at 0)."""
+
+    def __init__(self, leaves: pa.Array, splits: list[np.ndarray], valid: np.ndarray) -> None:
+        self.leaves = leaves
+        self.splits = splits  # splits[d]: offsets of level-d lists into level d+1 elements
+        self.valid = valid  # per row: is the row non-null
+
+    def row_splits(self, depth: int) -> np.ndarray:
+        """Offsets of each row into the elements at list depth ``depth`` (0 = rows)."""
+        n = len(self.valid)
+        s = np.arange(n + 1, dtype=np.int64)
+        for d in range(depth):
+            s = self.splits[d][s]
+        return s
+
+
+def _list_level(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    if pa.types.is_fixed_size_list(arr.type):
+        k = arr.type.list_size
+        values = arr.values.slice(arr.offset * k, len(arr) * k)
+        return values, np.arange(len(arr) + 1, dtype=np.int64) * k
+    offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+    values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    return values, offsets - offsets[0]
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _flatten(name: str, arr: pa.Array, spec: ColumnSpec) -> _Flat:
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    n = len(arr)
+    valid = np.ones(n, dtype=bool) if not arr.null_count else np.asarray(arr.is_valid())
+    splits: list[np.ndarray] = []
+    cur = arr
+    depth = 0
+    while _is_list(cur.type):
+        if depth > 0 and cur.null_count:
+            raise SchemaError(
+                f"column {name!r} has {cur.null_count} null inner list(s); a TFRecord feature "
+                f"cannot hold a null inside a list. Replace them with empty lists first."
+            )
+        cur, s = _list_level(cur)
+        splits.append(s)
+        depth += 1
+    if pa.types.is_dictionary(cur.type):
+        cur = cur.dictionary_decode()
+    if cur.null_count:
+        if depth == 0:
+            # scalar column: a null row is an absent feature unless a fill is given
+            if spec.fill is not None:
+                cur = cur.fill_null(pa.scalar(spec.fill, type=cur.type))
+                valid = np.ones(n, dtype=bool)
+            else:
+                cur = cur.fill_null(pa.scalar(_zero(cur.type), type=cur.type))
+        else:
+            flat = _Flat(cur, splits, valid)
+            leaf_valid = np.asarray(cur.is_valid())
+            rows_of_leaf = np.repeat(np.arange(n), np.diff(flat.row_splits(depth)))
+            bad = ~leaf_valid & valid[rows_of_leaf]
+            if bad.any() and spec.fill is None:
+                row = int(rows_of_leaf[np.argmax(bad)])
+                raise SchemaError(
+                    f"column {name!r} has {int(bad.sum())} null element(s) inside its lists (the "
+                    f"first in row {row} of this batch); a TFRecord feature cannot hold nulls "
+                    f"inside a list. Give a fill value (fill_values={{{name!r}: 0}}) or remove "
+                    f"the nulls first."
+                )
+            cur = cur.fill_null(
+                pa.scalar(spec.fill if spec.fill is not None else _zero(cur.type), type=cur.type)
+            )
+    return _Flat(cur, splits, valid)
+
+
+def _zero(t: pa.DataType) -> Any:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return b""
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_floating(t):
+        return 0.0
+    return 0
+
+
+def _int64_values(leaves: pa.Array) -> np.ndarray:
+    t = leaves.type
+    if pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_duration(t):
+        return np.frombuffer(leaves.buffers()[1], dtype=np.int64)[leaves.offset : leaves.offset + len(leaves)]
+    if pa.types.is_date32(t):
+        leaves = leaves.cast(pa.int32())
+    vals = np.asarray(leaves.to_numpy(zero_copy_only=False))
+    if vals.dtype == np.uint64:
+        return vals.view(np.int64)
+    return vals.astype(np.int64, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# encoding
+
+
+def _entry(key: str, kind: str, payload: pa.Array, counts_ok: np.ndarray) -> pa.Array:
+    """Wrap per-row payloads (packed values / repeated bytes) into map entries for ``key``."""
+    n = len(payload)
+    _, poff = _binary_parts(payload)
+    plen = np.diff(poff).astype(np.uint64)
+    kb = key.encode("utf-8")
+    key_part = bytes([0x0A]) + _varint_bytes_const(len(kb)) + kb + bytes([0x12])
+    if kind == "bytes":
+        list_len = plen
+        tag_segments: list[Any] = []
+    else:
+        list_len = np.uint64(1) + _varint_sizes(plen).astype(np.uint64) + plen
+        tag_segments = [b"\x0a", plen]
+    tag = {"bytes": _TAG_BYTES, "float": _TAG_FLOAT, "int64": _TAG_INT64}[kind]
+    feat_len = np.uint64(1) + _varint_sizes(list_len).astype(np.uint64) + list_len
+    entry_len = (
+        np.uint64(len(key_part)) + _varint_sizes(feat_len).astype(np.uint64) + feat_len
+    )
+    data, offs = _header(
+        n, [b"\x0a", entry_len, key_part, feat_len, bytes([tag]), list_len, *tag_segments]
+    )
+    head = _binary(data, offs, counts_ok)
+    return _join(head, payload)
+
+
+def _varint_bytes_const(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _payload(kind: str, leaves: pa.Array, row_leaf_splits: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """Per-row payload bytes: packed float32 / packed varints / repeated length-prefixed bytes."""
+    if kind == "float":
+        vals = np.asarray(leaves.to_numpy(zero_copy_only=False)).astype("<f4", copy=False)
+        return _binary(vals.view(np.uint8), row_leaf_splits * 4, valid)
+    if kind == "int64":
+        data, sizes = _varints(_int64_values(leaves).view(np.uint64))
+        voff = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=voff[1:])
+        return _binary(data, voff[row_leaf_splits], valid)
+    vals = leaves.cast(pa.large_binary())
+    _, off = _binary_parts(vals)
+    lens = np.diff(off).astype(np.uint64)
+    hdata, hoff = _header(len(vals), [b"\x0a", lens])
+    elems = _join(_binary(hdata, hoff), vals)
+    edata, eoff = _binary_parts(elems)
+    return _binary(edata, eoff[row_leaf_splits], valid)
+
+
+def _encode_column(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> list[pa.Array]:
+    arr = column_array(data, spec.name)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    flat = _flatten(spec.name, arr, spec)
+    depth = len(flat.splits)
+    n = len(arr)
+    if depth < len(spec.shape) or (depth == 0 and spec.shape):
+        raise SchemaError(
+            f"column {spec.name!r} has Arrow type {arr.type}, which does not fit the spec's "
+            f"shape {spec.shape}; build the specs from this data's schema (column_specs)."
+        )
+    row_leaf = flat.row_splits(depth)
+    counts = np.diff(row_leaf)
+    if spec.shape and not spec.is_ragged:
+        per_row = math.prod(spec.shape)  # type: ignore[arg-type]
+        bad = flat.valid & (counts != per_row)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise SchemaError(
+                f"column {spec.name!r} is written as dense shape {spec.shape} ({per_row} values "
+                f"a row), but row {row} of this batch has {int(counts[row])} values. Leave its "
+                f"shape undeclared (ragged) or fix the data."
+            )
+    kind = feature_kind(spec.dtype)
+    out = [_entry(spec.name, kind, _payload(kind, flat.leaves, row_leaf, flat.valid), flat.valid)]
+    if spec.is_ragged:
+        for d in ragged_dims(spec.shape):
+            lengths = np.diff(flat.splits[d]).astype(np.int64)
+            payload = _payload("int64", pa.array(lengths), flat.row_splits(d), flat.valid)
+            out.append(_entry(row_lengths_key(spec.name, d), "int64", payload, flat.valid))
+    del n
+    return out
+
+
+def encode_example_array(data: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> pa.Array:
+    """Serialized ``tf.train.Example`` per row, as one ``large_binary`` Arrow array.
+
+    This is the fast form of :func:`encode_examples` (no Python object per row); hand it to
+    :func:`formats.tfrecord.write_record_array`.
+
+    Raises:
+        SchemaError: a column cannot be written (nulls inside lists, wrong dense length...).
+    """
+    n = data.num_rows
+    if n == 0:
+        return pa.array([], pa.large_binary())
+    chunks: list[pa.Array] = []
+    for spec in specs:
+        chunks.extend(_encode_column(data, spec))
+    lens = np.zeros(n, dtype=np.uint64)
+    for c in chunks:
+        _, off = _binary_parts(c)
+        lens += np.where(np.asarray(c.is_valid()), np.diff(off), 0).astype(np.uint64)
+    hdata, hoff = _header(n, [b"\x0a", lens])
+    return _join(_binary(hdata, hoff), *chunks, null_handling="replace")
+
+
+def encode_examples(data: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> list[bytes]:
+    """Serialized ``tf.train.Example`` bytes, one per row of ``data`` (vectorised per batch).
+
+    Args:
+        data: an Arrow batch or table holding every spec'd column (dotted names reach into
+            structs, see ``column_specs(flatten_structs=True)``).
+        specs: from :func:`formats.schema.column_specs` on ``data.schema``.
+
+    Raises:
+        SchemaError: a column cannot be written; the message names it (see the null rule).
+    """
+    return encode_example_array(data, specs).to_pylist()
+
+
+# ---------------------------------------------------------------------------------------------
+# plain TensorFlow parsing
+
+
+def parse_features(specs: Sequence[ColumnSpec], *, fill_values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``features`` argument of ``tf.io.parse_example`` for records written with ``specs``.
+
+    Dense columns (scalars, fixed shapes) become ``tf.io.FixedLenFeature`` (with the spec's
+    ``fill``, or ``fill_values[name]``, as ``default_value`` for records where the value was
+    null); ragged columns become ``tf.io.RaggedFeature`` with row-length partitions. Parsed
+    dtypes are the Example kinds: ``tf.int64``, ``tf.float32``, ``tf.string``; cast afterwards
+    if you need the column's own dtype.
+    """
+    import tensorflow as tf  # noqa: PLC0415
+
+    fill_values = dict(fill_values or {})
+    tf_dtypes = {"bytes": tf.string, "float": tf.float32, "int64": tf.int64}
+    out: dict[str, Any] = {}
+    for spec in specs:
+        dtype = tf_dtypes[feature_kind(spec.dtype)]
+        if spec.is_ragged:
+            partitions = []
+            for d in range(1, len(spec.shape)):
+                dim = spec.shape[d]
+                if dim is None:
+                    partitions.append(tf.io.RaggedFeature.RowLengths(row_lengths_key(spec.name, d)))
+                else:
+                    partitions.append(tf.io.RaggedFeature.UniformRowLength(int(dim)))
+            out[spec.name] = tf.io.RaggedFeature(
+                dtype=dtype, value_key=spec.name, partitions=tuple(partitions), row_splits_dtype=tf.int64
+            )
+        else:
+            fill = fill_values.get(spec.name, spec.fill)
+            if fill is not None and spec.shape:
+                fill = np.full(spec.shape, fill).tolist()
+            out[spec.name] = tf.io.FixedLenFeature(list(spec.shape), dtype, default_value=fill)
+    return out
+
