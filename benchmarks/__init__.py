@@ -1,0 +1,1 @@
+"""Benchmark scenarios, run by ``dataplane bench`` (not installed with the package)."""

@@ -1,0 +1,31 @@
+"""What a scenario hands the harness: the paths to time, each a callable doing one repetition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+__all__ = ["BenchPath"]
+
+
+@dataclass
+class BenchPath:
+    """One way of moving the scenario's data, timed by the harness.
+
+    Attributes:
+        name: the path name fixed in shared/API.md (``flight-push``, ``tfos``, ``parquet``...).
+        run: does one repetition over the whole data set and returns the rows it delivered.
+        kind: ``ours``, ``peer`` (a system we compare against) or ``ceiling`` (a bare lower
+            layer nobody can beat).
+        nbytes: payload bytes one repetition moves (for MB/s).
+        unavailable: if set, the path is not run and is reported ``ok: false`` with this reason
+            (a peer that cannot run on this stack).
+        close: called once after all repetitions (stop servers, clusters).
+    """
+
+    name: str
+    run: Callable[[], int]
+    kind: Literal["ours", "peer", "ceiling"] = "ours"
+    nbytes: int = 0
+    unavailable: str | None = None
+    close: Callable[[], None] | None = None

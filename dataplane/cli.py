@@ -1,0 +1,56 @@
+"""The ``dataplane`` console script.
+
+Each sub-command lives in ``dataplane/commands/<name>.py`` and exposes ``add_arguments(parser)``
+and ``run(args) -> int``. Modules are imported only for the command being run (or asked about),
+and none of them imports Spark or TensorFlow at import time, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+__all__ = ["main"]
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("dataplane.commands.demo", "train a Keras model on digits through the push path"),
+    "bench": ("dataplane.commands.bench", "measure throughput of every data path against peers"),
+    "export": ("dataplane.commands.export", "convert Parquet <-> TFRecord as a Spark job"),
+    "inspect": ("dataplane.commands.inspect", "show a Parquet/TFRecord dataset's schema and TF spec"),
+}
+
+
+def _parser(only: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dataplane",
+        description="TensorFlow on Spark with an Arrow Flight data plane.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if only == name:
+            importlib.import_module(module).add_arguments(p)
+        else:
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if a in COMMANDS), None)
+    args = _parser(command).parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""``ctx``: what ``main(args, ctx)`` knows about its node and how it gets data."""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import threading
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+
+from dataplane.errors import FeedError, SchemaError
+from dataplane.node_server import InferenceBroker
+from dataplane.topology import NodeInfo, Topology
+from feeders.buffer import FeedBuffer
+
+__all__ = ["NodeContext"]
+
+logger = logging.getLogger(__name__)
+
+
+class NodeContext:
+    """Handed to ``main(args, ctx)`` on every node.
+
+    Attributes:
+        role: ``chief``, ``worker``, ``ps`` or ``evaluator``.
+        index: index within the role.
+        node_id: the node's id (launch partition), 0..num_nodes-1.
+        num_workers: nodes that receive training data (chief + workers).
+        worker_index: this node's position among them (``None`` for ps / evaluator); use it
+            with ``feeders.*(shard=ctx)``.
+        tf_config: the TF_CONFIG dict (also exported as the ``TF_CONFIG`` variable).
+        topology: every node of the cluster.
+        log_dir: directory for TensorBoard events (shared by the chief's TensorBoard), or None.
+        default_fs: the cluster's default filesystem URL (``fs.defaultFS``).
+    """
+
+    def __init__(
+        self,
+        *,
+        node: NodeInfo,
+        topology: Topology,
+        buffer: FeedBuffer,
+        broker: InferenceBroker,
+        log_dir: str | None,
+        default_fs: str,
+        stop_event: threading.Event,
+    ) -> None:
+        self.node = node
+        self.role = node.role
+        self.index = node.index
+        self.node_id = node.node_id
+        self.topology = topology
+        self.num_workers = len(topology.workers)
+        self.worker_index = node.worker_index
+        self.tf_config = topology.tf_config(node)
+        self.log_dir = log_dir
+        self.default_fs = default_fs
+        self._buffer = buffer
+        self._broker = broker
+        self._stop = stop_event
+        self._epoch_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"NodeContext({self.role} {self.index}, node {self.node_id}, {self.num_workers} workers)"
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the driver asked the cluster to shut down."""
+        return self._stop.is_set()
+
+    def _next_epoch(self) -> int:
+        with self._epoch_lock:
+            e = self._buffer.next_epoch
+            self._buffer.next_epoch += 1
+            return e
+
+    def dataset(
+        self,
+        batch_size: int = 128,
+        *,
+        features: Sequence[str] | None = None,
+        label: str | None = None,
+        drop_remainder: bool = False,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        fill_values: Mapping[str, Any] | None = None,
+        prefetch: int = 2,
+    ):
+        """A ``tf.data.Dataset`` of the rows the driver pushes with ``cluster.train``.
+
+        One iteration is one pushed epoch; iterating again reads the next epoch (so
+        ``model.fit(ds, epochs=n)`` matches ``cluster.train(df, num_epochs=n)``). When the
+        cluster shuts down, an iteration waiting for data ends empty.
+
+        Blocks until the driver starts the first ``train`` (the tensor specs come from the
+        pushed DataFrame's schema).
+
+        Args:
+            batch_size: rows per batch (default 128, a common Keras default).
+            features: columns to yield (default: every column but ``label``).
+            label: if given, the dataset yields ``(features_dict, label_tensor)``.
+            drop_remainder: drop each epoch's last partial batch (static batch shape).
+            shapes: per-row shapes for array columns, e.g. ``{"image": (28, 28)}``. Arrays
+                whose length is the same in every row are dense ``[batch, n]`` without this.
+            fill_values: values replacing nulls per column (default: a null is an error).
+            prefetch: batches prepared ahead of the training step.
+
+        Raises:
+            ValueError: ``batch_size`` not positive, or ``label`` also in ``features``.
+            SchemaError: a named column is missing or cannot be held by a tensor.
+        """
+        if self.worker_index is None:
+            raise FeedError(
+                f"ctx.dataset() called on the {self.role}: only the chief and workers receive "
+                f"pushed data. Read data on this node with feeders.* instead."
+            )
+        from feeders.source import push_dataset
+
+        return push_dataset(
+            self._buffer,
+            batch_size=batch_size,
+            num_workers=self.num_workers,
+            features=features,
+            label=label,
+            drop_remainder=drop_remainder,
+            shapes=shapes,
+            fill_values=fill_values,
+            prefetch=prefetch,
+            next_epoch=self._next_epoch,
+        )
+
+    def serve(self, predict: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> None:
+        """Answer ``cluster.inference`` until the driver shuts the cluster down.
+
+        Args:
+            predict: takes ``{column: np.ndarray}`` for one batch of rows and returns
+                ``{output_name: np.ndarray}`` with one entry per input row in each array.
+        """
+        import queue
+
+        from formats.schema import column_specs, to_numpy
+
+        broker = self._broker
+        while not self._stop.is_set():
+            try:
+                batch, fut = broker.requests.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                specs = column_specs(batch.schema)
+                arrays = to_numpy(batch, specs)
+                outputs = predict(
+                    {k: (v if isinstance(v, np.ndarray) else _ragged_to_object(v)) for k, v in arrays.items()}
+                )
+                fut.set_result(_outputs_to_batch(outputs, batch.num_rows, self.node_id))
+                broker.rows += batch.num_rows
+                broker.batches += 1
+            except BaseException as e:  # noqa: BLE001 - handed to the caller of inference
+                fut.set_exception(e)
+
+    def absolute_path(self, path: str) -> str:
+        """Qualify ``path`` against the cluster's default filesystem.
+
+        URLs with a scheme are returned unchanged. With a local default filesystem the path is
+        made absolute against the node's working directory; with a remote one (``hdfs://nn``)
+        absolute paths are prefixed with it, relative ones also with ``/user/<user>/``.
+        """
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"path must be a non-empty string, got {path!r}")
+        if urlparse(path).scheme:
+            return path
+        fs = self.default_fs.rstrip("/")
+        if not fs or fs.startswith("file:"):
+            return "file://" + os.path.abspath(path)
+        if path.startswith("/"):
+            return fs + path
+        user = os.environ.get("USER") or os.environ.get("HADOOP_USER_NAME") or "root"
+        return fs + posixpath.join("/user", user, path)
+
+
+def _ragged_to_object(col) -> np.ndarray:  # type: ignore[no-untyped-def]
+    values, splits = col.values, col.row_splits[0]
+    out = np.empty(len(splits) - 1, dtype=object)
+    for i in range(len(out)):
+        out[i] = values[splits[i] : splits[i + 1]]
+    return out
+
+
+def _outputs_to_batch(outputs: Any, rows: int, node_id: int) -> pa.RecordBatch:
+    if not isinstance(outputs, Mapping) or not outputs:
+        raise SchemaError(
+            f"node {node_id}: predict must return a non-empty dict of numpy arrays, got "
+            f"{type(outputs).__name__}."
+        )
+    cols, names = [], []
+    for name, value in outputs.items():
+        a = np.asarray(value)
+        if a.ndim == 0 or a.shape[0] != rows:
+            raise SchemaError(
+                f"node {node_id}: predict output {name!r} has shape {a.shape} for a batch of "
+                f"{rows} rows; every output needs one entry per input row (shape[0] == {rows})."
+            )
+        if a.ndim == 1:
+            cols.append(pa.array(a))
+        else:
+            flat = pa.array(np.ascontiguousarray(a).reshape(-1))
+            width = int(np.prod(a.shape[1:]))
+            offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
+            cols.append(pa.ListArray.from_arrays(offsets, flat))
+        names.append(str(name))
+    return pa.RecordBatch.from_arrays(cols, names=names)

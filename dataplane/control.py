@@ -1,0 +1,196 @@
+"""The driver's control server: reservation, heartbeats and node outcomes.
+
+Nodes reach it over Flight actions (JSON bodies, bearer token):
+
+``register``   a node has bound its ports; body: node id, host, ports, pid.
+``wait_spec``  block (bounded) until every node registered; reply: the topology, or pending.
+``heartbeat``  a node is alive; reply says whether the driver wants it to stop.
+``done``       the node's ``main`` finished: ok, or the traceback text.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.flight as flight
+
+from dataplane.rpc import AuthMiddlewareFactory, json_result
+from dataplane.topology import Topology, assign_roles
+
+__all__ = ["ControlServer", "NodeStatus"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeStatus:
+    """What the driver knows about one node's life."""
+
+    registration: dict[str, Any]
+    last_seen: float
+    done: bool = False
+    ok: bool = True
+    traceback: str = ""
+    exited: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ControlServer(flight.FlightServerBase):
+    """Runs in the driver process for the life of one cluster."""
+
+    def __init__(
+        self,
+        host: str,
+        secret: str,
+        *,
+        num_nodes: int,
+        num_ps: int,
+        evaluator: bool,
+        node_config: dict[str, Any],
+    ) -> None:
+        super().__init__(
+            f"grpc://{host}:0", middleware={"auth": AuthMiddlewareFactory(secret)}
+        )
+        self.host = host
+        self._num_nodes = num_nodes
+        self._num_ps = num_ps
+        self._evaluator = evaluator
+        self._node_config = node_config
+        self._cond = threading.Condition()
+        self.status: dict[int, NodeStatus] = {}
+        self.topology: Topology | None = None
+        self.stopping = False
+        self.role_error: str | None = None
+        self.launch_failures: dict[int, dict[str, str]] = {}
+
+    @property
+    def location(self) -> str:
+        return f"grpc://{self.host}:{self.port}"
+
+    # -- driver-side API ---------------------------------------------------------------------
+    def wait_registered(self, timeout: float) -> bool:
+        """Block until every node registered (True) or ``timeout`` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.topology is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+            return True
+
+    def registered_ids(self) -> list[int]:
+        with self._cond:
+            return sorted(self.status)
+
+    def request_stop(self) -> None:
+        """Tell every node (through its next heartbeat or wait) to stop."""
+        with self._cond:
+            self.stopping = True
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict[int, NodeStatus]:
+        with self._cond:
+            return {k: NodeStatus(**vars(v)) for k, v in self.status.items()}
+
+    def wait_for(self, predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+        """Wait until ``predicate(status_dict)`` holds, at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self.status):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.25))
+            return True
+
+    # -- Flight handlers -----------------------------------------------------------------------
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action):  # type: ignore[override]
+        import json
+
+        body = json.loads(action.body.to_pybytes() or b"{}")
+        handler = getattr(self, f"_on_{action.type}", None)
+        if handler is None:
+            raise flight.FlightServerError(f"dataplane control: unknown action {action.type!r}")
+        return json_result(handler(body))
+
+    def _on_register(self, body: dict[str, Any]) -> dict[str, Any]:
+        node_id = int(body["node_id"])
+        with self._cond:
+            if node_id in self.status:
+                # A retried launch task of a node that already registered: refuse the duplicate.
+                return {"accepted": False, "reason": f"node {node_id} is already registered"}
+            self.status[node_id] = NodeStatus(registration=body, last_seen=time.monotonic())
+            if len(self.status) == self._num_nodes:
+                try:
+                    self.topology = assign_roles(
+                        {k: v.registration for k, v in self.status.items()},
+                        num_ps=self._num_ps,
+                        evaluator=self._evaluator,
+                    )
+                except ValueError as e:  # pragma: no cover - run() validates this up front
+                    self.role_error = str(e)
+            self._cond.notify_all()
+        logger.debug("node %d registered from %s", node_id, body.get("host"))
+        return {"accepted": True, "config": self._node_config}
+
+    def _on_launch(self, body: dict[str, Any]) -> dict[str, Any]:
+        node_id = int(body["node_id"])
+        with self._cond:
+            st = self.status.get(node_id)
+            if st is None or st.exited:
+                return {"registered": False}
+            return {"registered": True, "registration": st.registration}
+
+    def _on_launch_failed(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._cond:
+            self.launch_failures[int(body["node_id"])] = {
+                "error": str(body.get("error", "")),
+                "log": str(body.get("log", "")),
+            }
+            self._cond.notify_all()
+        return {}
+
+    def _on_wait_spec(self, body: dict[str, Any]) -> dict[str, Any]:
+        wait = min(float(body.get("wait", 5.0)), 10.0)
+        deadline = time.monotonic() + wait
+        with self._cond:
+            self._touch(body)
+            while self.topology is None and not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"ready": False, "stop": False}
+                self._cond.wait(left)
+            if self.stopping:
+                return {"ready": False, "stop": True}
+            return {"ready": True, "topology": self.topology.to_json()}  # type: ignore[union-attr]
+
+    def _on_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._cond:
+            self._touch(body)
+            return {"stop": self.stopping}
+
+    def _on_done(self, body: dict[str, Any]) -> dict[str, Any]:
+        node_id = int(body["node_id"])
+        with self._cond:
+            st = self.status.get(node_id)
+            if st is not None:
+                st.last_seen = time.monotonic()
+                if body.get("exiting"):
+                    st.exited = True
+                else:
+                    st.done = True
+                    st.ok = bool(body.get("ok"))
+                    st.traceback = str(body.get("traceback", ""))
+                    st.extra.update(body.get("extra", {}))
+            self._cond.notify_all()
+        return {"stop": self.stopping}
+
+    def _touch(self, body: dict[str, Any]) -> None:
+        st = self.status.get(int(body.get("node_id", -1)))
+        if st is not None:
+            st.last_seen = time.monotonic()

@@ -1,0 +1,143 @@
+"""The Spark task that starts one TF node on an executor.
+
+Shipped to executors inside a barrier ``mapInArrow`` job (one partition per node), so Spark
+starts every node at the same time, each in its own task slot, or not at all. The task spawns the
+detached node process, waits until the node has registered with the driver (or failed), and
+returns, freeing its slot for the feeding jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+__all__ = ["NodeLauncher", "LAUNCH_SCHEMA", "resolve_bind_host"]
+
+LAUNCH_SCHEMA = "node_id long, host string, flight_port long, pid long, hostname string"
+
+
+def resolve_bind_host(configured: str | None) -> str:
+    """The address a server on this machine should bind: configured, SPARK_LOCAL_IP, or the
+    host's resolved address."""
+    if configured:
+        return configured
+    env = os.environ.get("SPARK_LOCAL_IP")
+    if env:
+        return env
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclass
+class NodeLauncher:
+    """Picklable launch function: ``mapInArrow(NodeLauncher(...), LAUNCH_SCHEMA, barrier=True)``."""
+
+    driver: str
+    secret: str
+    cluster_id: str
+    payload: bytes  # cloudpickle of (main, args), made once on the driver
+    node_config: dict[str, Any] = field(default_factory=dict)
+    start_timeout: float = 120.0
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from dataplane import rpc
+        from dataplane.node import spawn_detached
+
+        for _ in batches:
+            pass
+        node_id = TaskContext.get().partitionId()
+        client = rpc.connect(self.driver)
+        state = rpc.do_json_action(client, self.secret, "launch", {"node_id": node_id})
+        if state.get("registered"):
+            # A retried launch task: the node from the first attempt is alive; do not start
+            # a second one.
+            r = state["registration"]
+            yield self._row(node_id, r)
+            return
+        workdir = tempfile.mkdtemp(prefix=f"dataplane-{self.cluster_id}-node{node_id}-")
+        with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
+            f.write(self.payload)
+        cfg = dict(self.node_config)
+        cfg.update(
+            node_id=node_id,
+            driver=self.driver,
+            secret=self.secret,
+            bind_host=resolve_bind_host(cfg.get("bind_host")),
+        )
+        config_path = os.path.join(workdir, "config.json")
+        fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(cfg, f)
+        r_fd, w_fd = os.pipe()
+        try:
+            spawn_detached(config_path, w_fd, dict(os.environ))
+        finally:
+            os.close(w_fd)
+        msg = self._read_ready(r_fd, workdir, node_id)
+        if not msg.get("ok"):
+            error = msg.get("error", "the node process exited before registering")
+            tail = msg.get("traceback") or _tail(os.path.join(workdir, "node.log"))
+            text = f"node {node_id} failed to start on {socket.gethostname()}: {error}"
+            try:
+                rpc.do_json_action(
+                    client, self.secret, "launch_failed", {"node_id": node_id, "error": text, "log": tail}
+                )
+            except Exception:  # noqa: BLE001 - the job failure below carries the message too
+                pass
+            raise RuntimeError(f"{text}\n--- node log (tail) ---\n{tail}")
+        yield self._row(node_id, msg)
+
+    def _read_ready(self, r_fd: int, workdir: str, node_id: int) -> dict[str, Any]:
+        deadline = time.monotonic() + self.start_timeout
+        data = b""
+        try:
+            while b"\n" not in data:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"ok": False, "error": f"no word from the node in {self.start_timeout:.0f} s"}
+                ready, _, _ = select.select([r_fd], [], [], min(left, 1.0))
+                if ready:
+                    chunk = os.read(r_fd, 65536)
+                    if not chunk:
+                        break  # EOF: the node died before writing
+                    data += chunk
+        finally:
+            os.close(r_fd)
+        if not data.strip():
+            return {"ok": False, "error": "the node process exited before registering"}
+        return json.loads(data.split(b"\n")[0])
+
+    @staticmethod
+    def _row(node_id: int, r: dict[str, Any]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(
+            {
+                "node_id": [node_id],
+                "host": [str(r.get("host", ""))],
+                "flight_port": [int(r.get("flight_port", 0))],
+                "pid": [int(r.get("pid", 0))],
+                "hostname": [str(r.get("hostname", ""))],
+            }
+        )
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no node log)"

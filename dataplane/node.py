@@ -1,0 +1,395 @@
+"""The TF node process: ``python -m dataplane.node``.
+
+Started (spawned, never forked: gRPC does not survive fork) by the launch task on an executor,
+detached from the Spark worker so the task can return and free its slot. In order, it:
+
+1. binds its Flight server and reserves its TF port (port 0 or the configured range),
+2. registers with the driver's control server and tells the launch task (through a pipe),
+3. waits for the cluster spec, exports ``TF_CONFIG``, starts TensorBoard on the chief,
+4. runs ``main(args, ctx)`` and reports its outcome (the traceback if it raised),
+5. stays up (serving metrics) until the driver says stop, then exits.
+
+A heartbeat thread pings the driver; if the driver is unreachable for ``heartbeat_timeout``
+seconds the node exits by itself, so nothing outlives a dead driver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+__all__ = ["spawn_detached", "NodeShutdown"]
+
+logger = logging.getLogger("dataplane.node")
+
+_LOG_TAIL = 4000
+
+
+class NodeShutdown(BaseException):
+    """Raised inside ``main`` when the driver shut the cluster down before data arrived.
+
+    A ``BaseException`` so that user code's ``except Exception`` does not swallow it; the node
+    treats it as a clean stop, not as a failure of ``main``.
+    """
+
+
+def spawn_detached(config_path: str, ready_fd: int, env: dict[str, str]) -> int:
+    """Start the node as a grandchild reparented away from the Spark worker; returns at once.
+
+    The intermediate process exits immediately, so the node never becomes a zombie of a
+    long-lived Python worker. Returns the intermediate's exit code.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.node", "--detach", config_path, str(ready_fd)],
+        pass_fds=(ready_fd,),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+    )
+    return proc.wait()
+
+
+def _detach(config_path: str, ready_fd: int) -> None:
+    workdir = os.path.dirname(config_path)
+    log = open(os.path.join(workdir, "node.log"), "ab", buffering=0)
+    subprocess.Popen(
+        [sys.executable, "-m", "dataplane.node", "--run", config_path, str(ready_fd)],
+        pass_fds=(ready_fd,),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def _set_pdeathsig() -> None:
+    """Make a child (TensorBoard) die with its node, even on SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+class _Node:
+    def __init__(self, config_path: str, ready_fd: int) -> None:
+        with open(config_path) as f:
+            self.cfg: dict[str, Any] = json.load(f)
+        self.workdir = os.path.dirname(config_path)
+        self.ready_fd = ready_fd
+        self.node_id = int(self.cfg["node_id"])
+        self.secret = self.cfg["secret"]
+        self.stop_event = threading.Event()
+        self.driver_lost = threading.Event()
+        self.main_finished = threading.Event()
+        self.tensorboard: subprocess.Popen | None = None
+        self.server = None
+        self.buffer = None
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _tell_launcher(self, msg: dict[str, Any]) -> None:
+        if self.ready_fd < 0:
+            return
+        try:
+            os.write(self.ready_fd, (json.dumps(msg) + "\n").encode())
+            os.close(self.ready_fd)
+        except OSError:
+            pass
+        self.ready_fd = -1
+
+    def _driver(self):  # type: ignore[no-untyped-def]
+        from dataplane import rpc
+
+        return rpc.connect(self.cfg["driver"])
+
+    def _action(self, client, name: str, body: dict[str, Any], timeout: float = 15.0):  # type: ignore[no-untyped-def]
+        from dataplane.rpc import do_json_action
+
+        body = dict(body, node_id=self.node_id)
+        return do_json_action(client, self.secret, name, body, timeout=timeout)
+
+    def _bind_flight(self, host: str):  # type: ignore[no-untyped-def]
+        import pyarrow.flight as flight
+
+        from dataplane.node_server import InferenceBroker, NodeServer
+        from dataplane.rpc import PortRangeError
+        from feeders.buffer import FeedBuffer
+
+        self.buffer = FeedBuffer(int(self.cfg["buffer_bytes"]))
+        self.broker = InferenceBroker()
+        rng = self.cfg.get("port_range")
+        ports = [0] if not rng else list(range(rng[0], rng[1] + 1))
+        scheme = "grpc+tls" if self.cfg.get("tls") else "grpc"
+        tls = None
+        if self.cfg.get("tls"):
+            tls = [flight.CertKeyPair(cert=self.cfg["tls"]["cert"], key=self.cfg["tls"]["key"])]
+        for port in ports:
+            try:
+                return NodeServer(
+                    f"{scheme}://{host}:{port}",
+                    self.secret,
+                    buffer=self.buffer,
+                    broker=self.broker,
+                    on_shutdown=self.request_stop,
+                    node_id=self.node_id,
+                    tls_certificates=tls,
+                )
+            except (OSError, flight.FlightError, pa_error()) as e:  # port taken
+                last = e
+                continue
+        raise PortRangeError(
+            f"node {self.node_id}: no free port for its Flight server in port_range "
+            f"{rng[0]}-{rng[1]} on {host} ({len(ports)} tried; last error: {last}). Widen "
+            f"port_range or stop what holds those ports."
+        )
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+        if self.buffer is not None:
+            self.buffer.stop()
+        if getattr(self, "broker", None) is not None:
+            self.broker.stop()
+
+    # -- heartbeat ------------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        interval = float(self.cfg.get("heartbeat_interval", 1.0))
+        timeout = float(self.cfg.get("heartbeat_timeout", 15.0))
+        client = self._driver()
+        last_ok = time.monotonic()
+        while not self.driver_lost.is_set():
+            try:
+                reply = self._action(client, "heartbeat", {}, timeout=max(interval * 3, 3.0))
+                last_ok = time.monotonic()
+                if reply.get("stop"):
+                    self.request_stop()
+            except Exception as e:  # noqa: BLE001 - any failure counts as a missed beat
+                if time.monotonic() - last_ok > timeout:
+                    logger.error(
+                        "node %d: driver unreachable for %.0f s (%s); exiting",
+                        self.node_id,
+                        timeout,
+                        e,
+                    )
+                    self.driver_lost.set()
+                    self.request_stop()
+                    self._hard_exit(3)
+            time.sleep(interval)
+
+    def _hard_exit(self, code: int) -> None:
+        self._kill_tensorboard()
+        logging.shutdown()
+        _remove_workdir(self.workdir)
+        os._exit(code)
+
+    def _kill_tensorboard(self) -> None:
+        tb = self.tensorboard
+        if tb is not None and tb.poll() is None:
+            tb.terminate()
+            try:
+                tb.wait(5)
+            except subprocess.TimeoutExpired:
+                tb.kill()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def run(self) -> int:
+        from dataplane.rpc import bind_port
+
+        host = self.cfg["bind_host"]
+        rng = self.cfg.get("port_range")
+        try:
+            self.server = self._bind_flight(host)
+            tf_sock = bind_port(host, tuple(rng) if rng else None)
+            tb_sock = None
+            if self.cfg.get("tensorboard"):
+                tb_sock = bind_port(host, tuple(rng) if rng else None)
+            client = self._driver()
+            reg = {
+                "host": host,
+                "flight_port": self.server.port,
+                "tf_port": tf_sock.getsockname()[1],
+                "tensorboard_port": tb_sock.getsockname()[1] if tb_sock else None,
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+            }
+            reply = self._action(client, "register", reg, timeout=30.0)
+            if not reply.get("accepted"):
+                raise RuntimeError(f"the driver refused registration: {reply.get('reason')}")
+        except BaseException as e:  # noqa: BLE001 - reported to the launch task, then exit
+            self._tell_launcher(
+                {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            )
+            logger.exception("node %d failed to start", self.node_id)
+            return 2
+        self._tell_launcher({"ok": True, **reg})
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
+
+        topology = self._wait_topology(client)
+        if topology is None:
+            self.main_finished.set()
+            self._exit_cleanly(client, tf_sock, tb_sock)
+            return 0
+        me = topology.node(self.node_id)
+        tf_sock.close()
+        os.environ["TF_CONFIG"] = json.dumps(topology.tf_config(me))
+        log_dir = self.cfg.get("log_dir")
+        if tb_sock is not None and me.role == "chief":
+            tb_port = tb_sock.getsockname()[1]
+            tb_sock.close()
+            self._start_tensorboard(host, tb_port, log_dir)
+        elif tb_sock is not None:
+            tb_sock.close()
+        self._run_main(client, me, topology, log_dir)
+        # Stay up for metrics and inference answers until the driver says stop.
+        while not self.stop_event.wait(0.5):
+            pass
+        self._exit_cleanly(client, None, None)
+        return 0
+
+    def _watchdog(self) -> None:
+        """After a stop request, give main ``stop_grace`` seconds, then leave regardless."""
+        self.stop_event.wait()
+        if not self.main_finished.wait(float(self.cfg.get("stop_grace", 10.0))):
+            logger.warning("node %d: main did not return after stop; exiting anyway", self.node_id)
+            try:
+                self._action(self._driver(), "done", {"exiting": True}, timeout=5.0)
+            except Exception:  # noqa: BLE001 - the driver may already be gone
+                pass
+            self._hard_exit(0)
+
+    def _wait_topology(self, client):  # type: ignore[no-untyped-def]
+        from dataplane.topology import Topology
+
+        deadline = time.monotonic() + float(self.cfg.get("reservation_timeout", 120.0)) + 30
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            try:
+                reply = self._action(client, "wait_spec", {"wait": 5.0}, timeout=20.0)
+            except Exception:  # noqa: BLE001 - the heartbeat thread decides if the driver is gone
+                time.sleep(1.0)
+                continue
+            if reply.get("stop"):
+                return None
+            if reply.get("ready"):
+                return Topology.from_json(reply["topology"])
+        return None
+
+    def _start_tensorboard(self, host: str, port: int, log_dir: str | None) -> None:
+        os.makedirs(log_dir, exist_ok=True)  # type: ignore[arg-type]
+        self.tensorboard = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(log_dir),
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=open(os.path.join(self.workdir, "tensorboard.log"), "ab"),
+            stderr=subprocess.STDOUT,
+            preexec_fn=_set_pdeathsig,
+        )
+
+    def _run_main(self, client, me, topology, log_dir) -> None:  # type: ignore[no-untyped-def]
+        from pyspark import cloudpickle
+
+        from dataplane.context import NodeContext
+
+        ok, tb_text = True, ""
+        try:
+            with open(os.path.join(self.workdir, "payload.pkl"), "rb") as f:
+                main, args = cloudpickle.load(f)
+            self.server.main_state = "running"
+            ctx = NodeContext(
+                node=me,
+                topology=topology,
+                buffer=self.buffer,
+                broker=self.broker,
+                log_dir=log_dir,
+                default_fs=self.cfg.get("default_fs", "file:///"),
+                stop_event=self.stop_event,
+            )
+            main(args, ctx)
+        except NodeShutdown:
+            pass
+        except BaseException:  # noqa: BLE001 - the traceback goes to the driver
+            from feeders.buffer import FeedStopped
+
+            exc = sys.exc_info()[1]
+            if not (isinstance(exc, FeedStopped) and self.stop_event.is_set()):
+                ok, tb_text = False, traceback.format_exc()
+                logger.error("node %d: main raised\n%s", self.node_id, tb_text)
+        self.server.main_state = "finished" if ok else "failed"
+        self.buffer.consumer_finished()
+        self.main_finished.set()
+        for _ in range(3):
+            try:
+                reply = self._action(
+                    client, "done", {"ok": ok, "traceback": tb_text[-20000:]}, timeout=10.0
+                )
+                if reply.get("stop"):
+                    self.request_stop()
+                break
+            except Exception:  # noqa: BLE001
+                time.sleep(1.0)
+
+    def _exit_cleanly(self, client, *socks) -> None:  # type: ignore[no-untyped-def]
+        for s in socks:
+            if s is not None:
+                s.close()
+        self._kill_tensorboard()
+        try:
+            self._action(client, "done", {"exiting": True}, timeout=5.0)
+        except Exception:  # noqa: BLE001 - the driver may already be gone
+            pass
+        if self.server is not None:
+            threading.Thread(target=self.server.shutdown, daemon=True).start()
+
+
+def _remove_workdir(path: str) -> None:
+    # DATAPLANE_KEEP_NODE_DIR=1 keeps config, payload and node.log for debugging.
+    if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pa_error():  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+
+    return pa.ArrowException
+
+
+def _main(argv: list[str]) -> int:
+    mode, config_path, ready_fd = argv[0], argv[1], int(argv[2])
+    if mode == "--detach":
+        _detach(config_path, ready_fd)
+        return 0
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    node = _Node(config_path, ready_fd)
+    # The driver asks nicely; a plain SIGTERM (executor killed) also stops the node.
+    signal.signal(signal.SIGTERM, lambda *_: node.request_stop())
+    code = node.run()
+    node._kill_tensorboard()
+    logging.shutdown()
+    _remove_workdir(node.workdir)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

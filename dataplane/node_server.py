@@ -1,0 +1,171 @@
+"""The Arrow Flight server every TF node runs.
+
+``do_put``       training data: descriptor command ``{"kind": "feed", "epoch", "partition",
+                 "attempt"}``; batches go into the node's :class:`~feeders.buffer.FeedBuffer`.
+``do_exchange``  inference: request batches in, answers out on the same stream, one answer per
+                 request, tagged with the request's sequence number in ``app_metadata``.
+``do_action``    JSON control from the driver: ``begin_epoch``, ``end_epoch``, ``metrics``,
+                 ``shutdown``, ``ping``.
+
+Errors the pushing side must tell apart carry a marker in their message (``[dataplane:...]``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from dataplane.errors import FeedError
+from dataplane.rpc import AuthMiddlewareFactory, json_result
+from feeders.buffer import ConsumerFinished, EpochInfo, FeedBuffer, FeedStopped
+
+__all__ = ["NodeServer", "InferenceBroker", "CONSUMER_FINISHED", "NODE_STOPPING"]
+
+logger = logging.getLogger(__name__)
+
+CONSUMER_FINISHED = "[dataplane:consumer-finished]"
+NODE_STOPPING = "[dataplane:node-stopping]"
+
+
+class InferenceBroker:
+    """Hands inference requests from Flight handler threads to ``ctx.serve`` in main's thread."""
+
+    def __init__(self) -> None:
+        self.requests: queue.Queue[tuple[pa.RecordBatch, Future]] = queue.Queue()
+        self.stopped = threading.Event()
+        self.rows = 0
+        self.batches = 0
+
+    def submit(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        fut: Future = Future()
+        self.requests.put((batch, fut))
+        while True:
+            if self.stopped.is_set():
+                raise FeedStopped("the node is shutting down")
+            try:
+                return fut.result(timeout=0.2)
+            except TimeoutError:
+                continue
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class NodeServer(flight.FlightServerBase):
+    """One node's Flight server; lives until the node process exits."""
+
+    def __init__(
+        self,
+        location: str,
+        secret: str,
+        *,
+        buffer: FeedBuffer,
+        broker: InferenceBroker,
+        on_shutdown: Callable[[], None],
+        node_id: int,
+        tls_certificates: list[Any] | None = None,
+    ) -> None:
+        kw: dict[str, Any] = {"middleware": {"auth": AuthMiddlewareFactory(secret)}}
+        if tls_certificates:
+            kw["tls_certificates"] = tls_certificates
+        super().__init__(location, **kw)
+        self.buffer = buffer
+        self.broker = broker
+        self._on_shutdown = on_shutdown
+        self.node_id = node_id
+        self.main_state = "running"
+
+    # -- data -------------------------------------------------------------------------------
+    def do_put(self, context, descriptor, reader, writer):  # type: ignore[override]
+        cmd = json.loads(descriptor.command)
+        epoch, partition = int(cmd["epoch"]), int(cmd["partition"])
+
+        def batches():
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return
+                if chunk.data is not None:
+                    yield chunk.data
+
+        try:
+            rows = self.buffer.put_stream(epoch, partition, batches())
+        except ConsumerFinished:
+            raise flight.FlightServerError(
+                f"{CONSUMER_FINISHED} node {self.node_id}'s main has returned and consumes no "
+                f"more data (epoch {epoch}, partition {partition})"
+            ) from None
+        except FeedStopped:
+            raise flight.FlightServerError(
+                f"{NODE_STOPPING} node {self.node_id} is shutting down"
+            ) from None
+        except FeedError as e:
+            raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
+        writer.write(pa.py_buffer(json.dumps({"accepted": rows}).encode()))
+
+    def do_exchange(self, context, descriptor, reader, writer):  # type: ignore[override]
+        started = False
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            if chunk.data is None:
+                continue
+            seq = chunk.app_metadata
+            try:
+                out = self.broker.submit(chunk.data)
+            except FeedStopped:
+                raise flight.FlightServerError(
+                    f"{NODE_STOPPING} node {self.node_id} is shutting down"
+                ) from None
+            except Exception as e:  # the user's predict raised: report it to the caller
+                raise flight.FlightServerError(
+                    f"node {self.node_id}: predict raised {type(e).__name__}: {e}"
+                ) from None
+            if not started:
+                writer.begin(out.schema)
+                started = True
+            writer.write_with_metadata(out, seq)
+
+    # -- control ----------------------------------------------------------------------------
+    def do_action(self, context, action):  # type: ignore[override]
+        body = json.loads(action.body.to_pybytes() or b"{}")
+        name = action.type
+        if name == "ping":
+            return json_result({"node_id": self.node_id, "main": self.main_state})
+        if name == "begin_epoch":
+            schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(body["schema"])))
+            self.buffer.begin_epoch(
+                EpochInfo(
+                    epoch=int(body["epoch"]),
+                    schema=schema,
+                    shapes={k: tuple(v) for k, v in body.get("shapes", {}).items()},
+                )
+            )
+            return json_result({"ok": True, "main": self.main_state})
+        if name == "end_epoch":
+            self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
+            return json_result({"ok": True})
+        if name == "epoch_rows":
+            return json_result({"rows": self.buffer.epoch_rows(int(body["epoch"]))})
+        if name == "metrics":
+            m = self.buffer.snapshot()
+            m["inference_rows"] = self.broker.rows
+            m["inference_batches"] = self.broker.batches
+            m["main"] = self.main_state
+            m["time"] = time.time()
+            return json_result(m)
+        if name == "shutdown":
+            threading.Thread(target=self._on_shutdown, daemon=True).start()
+            return json_result({"ok": True})
+        raise flight.FlightServerError(f"node {self.node_id}: unknown action {name!r}")

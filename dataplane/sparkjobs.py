@@ -1,0 +1,88 @@
+"""Running a Spark job in the background so the driver can watch nodes while it runs.
+
+Works with classic sessions (job groups) and Spark Connect sessions (operation tags).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Any, Callable
+
+__all__ = ["SparkJob", "is_connect", "arrow_schema_of", "sample_arrow"]
+
+logger = logging.getLogger(__name__)
+
+
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect session (``SparkSession.builder.remote(...)``)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class SparkJob:
+    """``fn()`` (which runs Spark actions) in a daemon thread, cancellable as one unit."""
+
+    def __init__(self, spark: Any, description: str, fn: Callable[[], Any]) -> None:
+        self.spark = spark
+        self.tag = f"dataplane-{uuid.uuid4().hex[:12]}"
+        self.description = description
+        self._fn = fn
+        self.future: Future = Future()
+        self._thread = threading.Thread(target=self._run, name=self.tag, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            if is_connect(self.spark):
+                self.spark.addTag(self.tag)
+            else:
+                self.spark.sparkContext.setJobGroup(self.tag, self.description, True)
+            self.future.set_result(self._fn())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            self.future.set_exception(e)
+        finally:
+            try:
+                if is_connect(self.spark):
+                    self.spark.removeTag(self.tag)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        """Cancel every Spark job started by ``fn`` (running tasks are interrupted)."""
+        try:
+            if is_connect(self.spark):
+                self.spark.interruptTag(self.tag)
+            else:
+                self.spark.sparkContext.cancelJobGroup(self.tag)
+        except Exception as e:  # noqa: BLE001 - best effort; the session may be stopping
+            logger.warning("could not cancel Spark job %s: %s", self.tag, e)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def arrow_schema_of(df: Any):  # type: ignore[no-untyped-def]
+    """The Arrow schema Spark's mapInArrow uses for ``df``'s rows."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(df.schema, prefers_large_types=False)
+    except TypeError:  # pyspark 3.5 has no prefers_large_types
+        return to_arrow_schema(df.schema)
+
+
+def sample_arrow(df: Any, n: int):  # type: ignore[no-untyped-def]
+    """The first ``n`` rows of ``df`` as a pyarrow Table (on the driver)."""
+    import pyarrow as pa
+
+    small = df.limit(n)
+    if hasattr(small, "toArrow"):
+        return small.toArrow()
+    if hasattr(small, "_collect_as_arrow"):
+        return pa.Table.from_batches(small._collect_as_arrow(), schema=arrow_schema_of(df))
+    return pa.Table.from_pandas(small.toPandas(), schema=arrow_schema_of(df), preserve_index=False)

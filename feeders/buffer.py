@@ -1,0 +1,249 @@
+"""The node-side feed buffer: bounded in bytes, exactly once per epoch, epoch by epoch.
+
+Producers are Flight ``do_put`` streams, one per (epoch, Spark partition, task attempt); the
+consumer is the node's tf.data generator (``feeders.source``).
+
+Exactly once: every partition's stream to a node is a deterministic sequence of rows (Spark
+recomputes a partition identically on retry; cache the DataFrame if its source is not
+deterministic). The buffer remembers, per (epoch, partition), how many leading rows it has already
+accepted; a retried or speculative attempt's rows below that mark are dropped, the rest accepted.
+The epoch is complete when the driver says so (its Spark job has finished).
+
+Backpressure: a producer waits while the buffer holds ``capacity`` bytes (a single batch larger
+than the buffer is let in when the buffer is empty, so nothing deadlocks). Waiting producers watch
+the stop flag, so shutdown never hangs on a full buffer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import pyarrow as pa
+
+from dataplane.errors import FeedError
+
+__all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished"]
+
+
+class FeedStopped(Exception):
+    """The node is shutting down; producers and consumers give up."""
+
+
+class ConsumerFinished(Exception):
+    """The node's ``main`` has returned; it will consume no more data."""
+
+
+@dataclass
+class EpochInfo:
+    """What the driver announced for one epoch (``begin_epoch``)."""
+
+    epoch: int
+    schema: pa.Schema
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Epoch:
+    info: EpochInfo
+    queue: deque = field(default_factory=deque)
+    accepted: dict[int, int] = field(default_factory=dict)  # partition -> rows accepted
+    rows_in: int = 0
+    limit: int | None = None  # rows every worker yields this epoch (set by the driver)
+
+
+class FeedBuffer:
+    """Bounded, deduplicating, epoch-ordered buffer between Flight and tf.data."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"buffer capacity must be > 0 bytes, got {capacity_bytes}")
+        self.capacity = int(capacity_bytes)
+        self._cond = threading.Condition()
+        self._epochs: dict[int, _Epoch] = {}
+        self._bytes = 0
+        self._stopped = False
+        self._consumer_done = False
+        self.next_epoch = 0  # the epoch the next dataset iteration will read
+        self.metrics = {
+            "rows_in": 0,
+            "bytes_in": 0,
+            "batches_in": 0,
+            "rows_duplicate": 0,
+            "rows_out": 0,
+            "buffer_bytes": 0,
+            "buffer_peak_bytes": 0,
+            "buffer_capacity": self.capacity,
+            "stall_seconds": 0.0,
+            "epochs_begun": 0,
+            "epochs_consumed": 0,
+        }
+
+    # -- control (driver actions) ---------------------------------------------------------
+    def begin_epoch(self, info: EpochInfo) -> None:
+        with self._cond:
+            if info.epoch in self._epochs:
+                return  # idempotent: the driver may retry the action
+            self._epochs[info.epoch] = _Epoch(info)
+            self.metrics["epochs_begun"] += 1
+            self._cond.notify_all()
+
+    def end_epoch(self, epoch: int, limit: int) -> None:
+        """Set how many rows this node yields for ``epoch`` (equal on every worker)."""
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            if ep is None:
+                raise FeedError(f"end_epoch for epoch {epoch}, which this node never began")
+            ep.limit = int(limit)
+            self._cond.notify_all()
+
+    def epoch_rows(self, epoch: int) -> int:
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            return ep.rows_in if ep else 0
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def consumer_finished(self) -> None:
+        """The node's main returned: refuse further data, drop what is queued."""
+        with self._cond:
+            self._consumer_done = True
+            for ep in self._epochs.values():
+                ep.queue.clear()
+            self._bytes = 0
+            self.metrics["buffer_bytes"] = 0
+            self._cond.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # -- producer side (do_put) --------------------------------------------------------------
+    def put_stream(self, epoch: int, partition: int, batches: Iterator[pa.RecordBatch]) -> int:
+        """Accept one attempt's stream of a partition; returns rows accepted (after dedupe).
+
+        Raises:
+            FeedStopped: the node is shutting down.
+            ConsumerFinished: the node's main has returned.
+            FeedError: the epoch was never announced, or the schema does not match it.
+        """
+        offset = 0  # rows of this attempt's stream seen so far
+        accepted = 0
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            if ep is None:
+                raise FeedError(
+                    f"data for epoch {epoch} (partition {partition}) arrived before the driver "
+                    f"announced that epoch; this is a bug in the feeding job."
+                )
+            ep.accepted.setdefault(partition, 0)
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            if not batch.schema.equals(ep.info.schema, check_metadata=False):
+                raise FeedError(
+                    f"partition {partition} of epoch {epoch} sent schema {batch.schema}, but the "
+                    f"epoch was announced with {ep.info.schema}."
+                )
+            nbytes = batch.nbytes
+            with self._cond:
+                waited = time.monotonic()
+                while True:
+                    self._check_open()
+                    if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
+                        break
+                    self._cond.wait(0.2)
+                self.metrics["stall_seconds"] += time.monotonic() - waited
+                done = ep.accepted.get(partition, 0)
+                start, end = offset, offset + n
+                offset = end
+                if end <= done:
+                    self.metrics["rows_duplicate"] += n
+                    continue
+                if start < done:
+                    self.metrics["rows_duplicate"] += done - start
+                    batch = batch.slice(done - start)
+                    nbytes = batch.nbytes
+                ep.accepted[partition] = end
+                ep.queue.append(batch)
+                ep.rows_in += batch.num_rows
+                accepted += batch.num_rows
+                self._bytes += nbytes
+                m = self.metrics
+                m["rows_in"] += batch.num_rows
+                m["bytes_in"] += nbytes
+                m["batches_in"] += 1
+                m["buffer_bytes"] = self._bytes
+                m["buffer_peak_bytes"] = max(m["buffer_peak_bytes"], self._bytes)
+                self._cond.notify_all()
+        with self._cond:
+            self._check_open()
+        return accepted
+
+    def _check_open(self) -> None:
+        if self._stopped:
+            raise FeedStopped("the node is shutting down")
+        if self._consumer_done:
+            raise ConsumerFinished("the node's main has returned")
+
+    # -- consumer side (tf.data generator) -----------------------------------------------------
+    def wait_epoch_info(self, epoch: int, timeout: float | None = None) -> EpochInfo | None:
+        """The announced info of ``epoch``; ``None`` if the node stopped first (or timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while epoch not in self._epochs:
+                if self._stopped:
+                    return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                self._cond.wait(0.5)
+            return self._epochs[epoch].info
+
+    def take(self, epoch: int) -> tuple[list[pa.RecordBatch], int, int | None]:
+        """Block until there is data or news for ``epoch``; take every queued batch.
+
+        Returns:
+            (batches, safe, limit). ``safe`` is how many rows of the epoch this node may yield
+            now without ever yielding more than any other worker: per partition the pushing task
+            keeps every worker's share within one row of the others, so each worker will end up
+            with at least ``accepted - 1`` rows of every partition. ``limit`` is the final,
+            equalised row count, set by the driver once the epoch's job has finished.
+        """
+        with self._cond:
+            ep = self._epochs[epoch]
+            while True:
+                if self._stopped:
+                    raise FeedStopped("the node is shutting down")
+                if ep.queue or ep.limit is not None:
+                    break
+                self._cond.wait(0.5)
+            out = list(ep.queue)
+            ep.queue.clear()
+            freed = sum(b.nbytes for b in out)
+            self._bytes -= freed
+            self.metrics["buffer_bytes"] = self._bytes
+            safe = sum(max(n - 1, 0) for n in ep.accepted.values())
+            self._cond.notify_all()
+            return out, safe, ep.limit
+
+    def finish_epoch(self, epoch: int, rows_out: int) -> None:
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            if ep is not None:
+                self._bytes -= sum(b.nbytes for b in ep.queue)
+                ep.queue.clear()
+            self.metrics["rows_out"] += rows_out
+            self.metrics["epochs_consumed"] += 1
+            self.metrics["buffer_bytes"] = self._bytes
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict[str, float]:
+        with self._cond:
+            return dict(self.metrics)

@@ -1,0 +1,195 @@
+"""The node-side tf.data source: pushed Arrow batches out of the feed buffer as tensors.
+
+Each iteration of the returned dataset reads the next pushed epoch. Batches are cut to exactly
+``batch_size`` rows across Arrow batch boundaries; converting the Arrow slice to numpy
+(``formats.schema.to_numpy``) is the one copy out of the Flight buffers.
+
+Equal batch counts (MultiWorkerMirroredStrategy hangs otherwise): the pushing tasks split every
+partition over the workers so that per partition the workers' row counts differ by at most one;
+after the epoch the driver sends each worker the minimum (the "limit") and every worker yields
+exactly that many rows. While the epoch is still streaming a worker only yields rows it is sure to
+keep (see ``FeedBuffer.take``): all but one row per partition it has seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dataplane.errors import FeedError, SchemaError
+from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
+from formats.schema import ColumnSpec, RaggedColumn, column_specs, tf_spec, to_numpy
+
+__all__ = ["push_dataset", "iterate_epoch"]
+
+logger = logging.getLogger(__name__)
+
+
+def _take_rows(pending: list[pa.RecordBatch], n: int) -> tuple[pa.Table, list[pa.RecordBatch]]:
+    """Split the first ``n`` rows off ``pending`` (zero-copy slices)."""
+    out, left, need = [], [], n
+    for i, b in enumerate(pending):
+        if need == 0:
+            left = pending[i:]
+            break
+        if b.num_rows <= need:
+            out.append(b)
+            need -= b.num_rows
+        else:
+            out.append(b.slice(0, need))
+            left = [b.slice(need)] + pending[i + 1 :]
+            need = 0
+            break
+    return pa.Table.from_batches(out, schema=pending[0].schema), left
+
+
+def iterate_epoch(
+    buffer: FeedBuffer,
+    epoch: int,
+    *,
+    batch_size: int,
+    num_workers: int,
+    drop_remainder: bool,
+    convert: Callable[[pa.Table], Any],
+) -> Iterator[Any]:
+    """Yield converted batches of one epoch; returns when the epoch's limit is reached."""
+    info = buffer.wait_epoch_info(epoch)
+    if info is None:
+        return
+    pending: list[pa.RecordBatch] = []
+    pending_rows = received = emitted = 0
+    limit: int | None = None
+    try:
+        while True:
+            batches, safe_rows, limit = buffer.take(epoch)
+            for b in batches:
+                pending.append(b)
+                pending_rows += b.num_rows
+                received += b.num_rows
+            final = limit is not None
+            if final and limit > received:  # type: ignore[operator]
+                raise FeedError(
+                    f"epoch {epoch}: the driver set {limit} rows for every worker but this node "
+                    f"received only {received}; rows were lost in transit."
+                )
+            safe = limit if final else (safe_rows if num_workers > 1 else received)
+            while pending_rows and emitted + batch_size <= safe:  # type: ignore[operator]
+                table, pending = _take_rows(pending, batch_size)
+                pending_rows -= batch_size
+                emitted += batch_size
+                yield convert(table)
+            if final:
+                tail = limit - emitted  # type: ignore[operator]
+                if tail > 0 and not drop_remainder:
+                    table, pending = _take_rows(pending, tail)
+                    emitted += tail
+                    yield convert(table)
+                return
+    except FeedStopped:
+        return
+    finally:
+        buffer.finish_epoch(epoch, emitted)
+
+
+def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[str, Any]]:
+    ragged = [s for s in specs if s.is_ragged]
+
+    def convert(table: pa.Table) -> dict[str, Any]:
+        arrays = to_numpy(table, specs)
+        if not ragged:
+            return arrays  # type: ignore[return-value]
+        import tensorflow as tf
+
+        out: dict[str, Any] = {}
+        for name, a in arrays.items():
+            if isinstance(a, RaggedColumn):
+                r = a.values
+                for splits in reversed(a.row_splits):
+                    r = tf.RaggedTensor.from_row_splits(r, splits, validate=False)
+                out[name] = r
+            else:
+                out[name] = a
+        return out
+
+    return convert
+
+
+def push_dataset(
+    buffer: FeedBuffer,
+    *,
+    batch_size: int,
+    num_workers: int,
+    features: Sequence[str] | None = None,
+    label: str | None = None,
+    drop_remainder: bool = False,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fill_values: Mapping[str, Any] | None = None,
+    prefetch: int = 2,
+    first_epoch_timeout: float | None = None,
+    next_epoch: Callable[[], int],
+):
+    """Build the ``tf.data.Dataset`` behind ``ctx.dataset()``.
+
+    Blocks until the driver announces the first epoch (``cluster.train``), because the tensor
+    specs come from the pushed DataFrame's schema.
+    """
+    import tensorflow as tf
+
+    if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    info: EpochInfo | None = buffer.wait_epoch_info(buffer.next_epoch, first_epoch_timeout)
+    if info is None:
+        raise FeedStopped("the cluster shut down before any data was pushed")
+    names = list(info.schema.names)
+    if label is not None and label not in names:
+        raise SchemaError(
+            f"label column {label!r} is not in the pushed DataFrame; its columns are {names}."
+        )
+    if features is None:
+        cols = [n for n in names if n != label]
+    else:
+        cols = list(features)
+        if label is not None and label in cols:
+            raise ValueError(f"label column {label!r} is also listed in features.")
+    wanted = cols + ([label] if label is not None else [])
+    declared = dict(info.shapes)
+    declared.update({k: tuple(v) for k, v in (shapes or {}).items()})
+    declared = {k: v for k, v in declared.items() if k in wanted}
+    specs = column_specs(info.schema, columns=wanted, shapes=declared, fill_values=fill_values)
+    signature = tf_spec(info.schema, columns=wanted, shapes=declared)
+    convert = _tensor_converter(specs)
+    epoch_schema = info.schema
+
+    def generator() -> Iterator[dict[str, Any]]:
+        epoch = next_epoch()
+        got = buffer.wait_epoch_info(epoch)
+        if got is None:
+            return
+        if not got.schema.equals(epoch_schema, check_metadata=False):
+            raise FeedError(
+                f"epoch {epoch} was pushed with schema {got.schema}, but this dataset was built "
+                f"for {epoch_schema}; call ctx.dataset() again for a differently shaped feed."
+            )
+        yield from iterate_epoch(
+            buffer,
+            epoch,
+            batch_size=int(batch_size),
+            num_workers=num_workers,
+            drop_remainder=drop_remainder,
+            convert=convert,
+        )
+
+    ds = tf.data.Dataset.from_generator(generator, output_signature=signature)
+    if label is not None:
+        ds = ds.map(
+            lambda d: ({k: d[k] for k in cols}, d[label]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    opts = tf.data.Options()
+    # Every worker already gets its own rows; Keras must not shard them again.
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = ds.with_options(opts)
+    return ds.prefetch(prefetch)
