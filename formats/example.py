@@ -60,12 +60,15 @@ _EMPTY = pa.scalar(b"", pa.large_binary())
 # vectorised wire-format helpers
 
 
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
 def _varint_sizes(u: np.ndarray) -> np.ndarray:
+    """Bytes each value takes as a protobuf varint (1..10)."""
     u = u.astype(np.uint64, copy=False)
-    sizes = np.ones(len(u), dtype=np.int64)
-    for k in range(1, 10):
-        sizes += u >= np.uint64(1 << (7 * k))
-    return sizes
+    if len(u) and u.max() < 128:
+        return np.ones(len(u), dtype=np.int64)
+    return np.searchsorted(_VARINT_LIMITS, u, side="right").astype(np.int64) + 1
 
 
 def _varints(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -264,8 +267,8 @@ def _int64_values(leaves: pa.Array) -> np.ndarray:
 # encoding
 
 
-def _entry(key: str, kind: str, payload: pa.Array, counts_ok: np.ndarray) -> pa.Array:
-    """Wrap per-row payloads (packed values / repeated bytes) into map entries for ``key``."""
+def _entry(key: str, kind: str, payload: pa.Array, valid: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """(head, payload): per-row map entry for ``key`` is head + payload (null where absent)."""
     n = len(payload)
     _, poff = _binary_parts(payload)
     plen = np.diff(poff).astype(np.uint64)
@@ -285,8 +288,7 @@ def _entry(key: str, kind: str, payload: pa.Array, counts_ok: np.ndarray) -> pa.
     data, offs = _header(
         n, [b"\x0a", entry_len, key_part, feat_len, bytes([tag]), list_len, *tag_segments]
     )
-    head = _binary(data, offs, counts_ok)
-    return _join(head, payload)
+    return _binary(data, offs, valid), payload
 
 
 def _varint_bytes_const(v: int) -> bytes:
@@ -321,12 +323,12 @@ def _payload(kind: str, leaves: pa.Array, row_leaf_splits: np.ndarray, valid: np
 
 
 def _encode_column(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> list[pa.Array]:
+    """The column's map entries as [head, payload, head, payload...] arrays (null: absent)."""
     arr = column_array(data, spec.name)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     flat = _flatten(spec.name, arr, spec)
     depth = len(flat.splits)
-    n = len(arr)
     if depth < len(spec.shape) or (depth == 0 and spec.shape):
         raise SchemaError(
             f"column {spec.name!r} has Arrow type {arr.type}, which does not fit the spec's "
@@ -345,13 +347,12 @@ def _encode_column(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> list[pa
                 f"shape undeclared (ragged) or fix the data."
             )
     kind = feature_kind(spec.dtype)
-    out = [_entry(spec.name, kind, _payload(kind, flat.leaves, row_leaf, flat.valid), flat.valid)]
+    out = list(_entry(spec.name, kind, _payload(kind, flat.leaves, row_leaf, flat.valid), flat.valid))
     if spec.is_ragged:
         for d in ragged_dims(spec.shape):
             lengths = np.diff(flat.splits[d]).astype(np.int64)
             payload = _payload("int64", pa.array(lengths), flat.row_splits(d), flat.valid)
-            out.append(_entry(row_lengths_key(spec.name, d), "int64", payload, flat.valid))
-    del n
+            out.extend(_entry(row_lengths_key(spec.name, d), "int64", payload, flat.valid))
     return out
 
 

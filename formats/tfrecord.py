@@ -318,7 +318,7 @@ def write_record_array(stream: BinaryIO, records: pa.Array) -> int:
     headers = np.empty(n, dtype=[("len", "<u8"), ("crc", "<u4")])
     headers["len"] = lengths
     headers["crc"] = _masked_crc_of_lengths(lengths)
-    crc = crc32c
+    crc = _crc32c_c if _crc32c_c is not None else _crc32c_python
     mask = _MASK_DELTA
     offs = offsets.tolist()
     footers = np.empty(n, dtype="<u4")
