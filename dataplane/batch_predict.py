@@ -1,0 +1,413 @@
+"""Batch inference over a Spark DataFrame with a saved model (``dataplane.predict``).
+
+The model file is not broadcast as bytes: every executor Python process loads it from
+``model_path`` the first time a task needs it and keeps it in a module-level cache keyed by
+(path, layer, loader), so a worker that runs many tasks and many Arrow batches loads it once.
+Rows travel as Arrow through ``DataFrame.mapInArrow``; each incoming Arrow batch is cut into
+slices of at most ``batch_size`` rows before it reaches the model, so memory stays bounded by the
+batch size, not the partition size.
+
+Supported models: Keras 3 files (``.keras``, and legacy ``.h5``) and TensorFlow SavedModel
+directories (``serving_default`` signature; what ``model.export(path)`` writes). A named
+intermediate layer's output can be returned instead of the model's output (feature extraction,
+Keras files only).
+
+TensorFlow is imported only when a model is loaded (on executors, and once on the driver to learn
+the output shape unless ``output_shape`` is given).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dataplane.errors import SchemaError, StorageError
+from formats.schema import RaggedColumn, column_specs, to_numpy
+
+__all__ = ["predict", "Predictor", "load_predictor"]
+
+logger = logging.getLogger(__name__)
+
+# Per Python process: (path, layer, loader key) -> Predictor. See _cached_predictor.
+_MODELS: dict[tuple[str, str | None, str], "Predictor"] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+class Predictor:
+    """A loaded model reduced to what batch inference needs.
+
+    Attributes:
+        fn: maps one batch, ``dict[column -> np.ndarray]``, to one ``np.ndarray`` whose first
+            dimension is the batch.
+        output_shape: per-row shape of ``fn``'s output (``()`` for one value per row).
+        output_dtype: numpy dtype name of the output.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[dict[str, np.ndarray]], np.ndarray],
+        *,
+        output_shape: Sequence[int | None],
+        output_dtype: str = "float32",
+    ) -> None:
+        self.fn = fn
+        self.output_shape = tuple(output_shape)
+        self.output_dtype = str(output_dtype)
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(self.fn(arrays))
+
+
+def _fit_input(x: np.ndarray, shape: Sequence[int | None], what: str) -> np.ndarray:
+    """Reshape a [batch, ...] array to a model input's [None, ...] shape when sizes agree."""
+    want = tuple(shape)[1:]
+    have = x.shape[1:]
+    if len(want) == len(have) and all(w is None or w == h for w, h in zip(want, have)):
+        return x
+    if all(w is not None for w in want) and math.prod(want) == math.prod(have):
+        return x.reshape((x.shape[0], *want))
+    raise SchemaError(
+        f"predict: {what} has per-row shape {have}, but the model input expects {want}. "
+        f"Pass input_cols whose values fit that shape (scalar columns are stacked side by side; "
+        f"a list column must hold {math.prod(w or 1 for w in want)} values per row)."
+    )
+
+
+def _assemble(arrays: dict[str, np.ndarray], cols: Sequence[str], shape: Sequence[int | None]):
+    """One model input from the input columns: a single column as is, scalars stacked."""
+    if len(cols) == 1:
+        x = arrays[cols[0]]
+        if x.ndim == 1 and len(shape) == 2:
+            x = x.reshape(-1, 1)
+        return _fit_input(x, shape, f"column {cols[0]!r}")
+    parts = []
+    for c in cols:
+        a = arrays[c]
+        parts.append(a.reshape(a.shape[0], -1))
+    return _fit_input(np.concatenate(parts, axis=1), shape, f"columns {list(cols)}")
+
+
+def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
+    import keras
+
+    model = keras.models.load_model(path, compile=False)
+    if layer is not None:
+        try:
+            target = model.get_layer(layer)
+        except ValueError as exc:
+            names = [lyr.name for lyr in model.layers]
+            raise SchemaError(
+                f"predict: model {path!r} has no layer {layer!r}; its layers are {names}."
+            ) from exc
+        model = keras.Model(inputs=model.inputs, outputs=target.output)
+    outputs = model.outputs
+    if len(outputs) != 1:
+        raise SchemaError(
+            f"predict: model {path!r} has {len(outputs)} outputs; predict writes one column. "
+            f"Pick one with layer=<name of the output layer>."
+        )
+    inputs = model.inputs
+    names = [t.name for t in inputs]
+    if len(inputs) > 1:
+        missing = [n for n in names if n not in input_cols]
+        if missing:
+            raise SchemaError(
+                f"predict: model {path!r} has inputs {names}; with several inputs each must be "
+                f"fed by the input column of the same name, missing {missing}. "
+                f"Rename columns (df.withColumnRenamed) or pass input_cols={names}."
+            )
+    shapes = [tuple(t.shape) for t in inputs]
+    dtypes = [str(getattr(t, "dtype", "float32")) for t in inputs]
+
+    def fn(arrays: dict[str, np.ndarray]) -> np.ndarray:
+        if len(inputs) == 1:
+            x = [_assemble(arrays, input_cols, shapes[0]).astype(dtypes[0], copy=False)]
+        else:
+            x = [
+                _assemble(arrays, [n], s).astype(d, copy=False)
+                for n, s, d in zip(names, shapes, dtypes)
+            ]
+        return np.asarray(model.predict_on_batch(x[0] if len(x) == 1 else x))
+
+    out = outputs[0]
+    return Predictor(fn, output_shape=tuple(out.shape)[1:], output_dtype=str(out.dtype))
+
+
+def _saved_model_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
+    import tensorflow as tf
+
+    if layer is not None:
+        raise SchemaError(
+            f"predict: layer={layer!r} needs a Keras model file (.keras); {path!r} is a "
+            f"SavedModel, whose layers are not addressable. Save the model with model.save("
+            f"'model.keras') for feature extraction."
+        )
+    loaded = tf.saved_model.load(path)
+    if "serving_default" not in loaded.signatures:
+        raise SchemaError(
+            f"predict: SavedModel {path!r} has no 'serving_default' signature (it has "
+            f"{sorted(loaded.signatures)}); export it with model.export(path)."
+        )
+    sig = loaded.signatures["serving_default"]
+    in_specs = sig.structured_input_signature[1]
+    out_specs = sig.structured_outputs
+    if len(out_specs) != 1:
+        raise SchemaError(
+            f"predict: SavedModel {path!r} has outputs {sorted(out_specs)}; predict writes one "
+            f"column. Export a model with one output."
+        )
+    (out_name, out_spec), = out_specs.items()
+    in_names = sorted(in_specs)
+    if len(in_names) > 1 and sorted(input_cols) != in_names:
+        raise SchemaError(
+            f"predict: SavedModel {path!r} takes inputs {in_names}; pass input_cols with exactly "
+            f"those names (got {list(input_cols)})."
+        )
+
+    def fn(arrays: dict[str, np.ndarray]) -> np.ndarray:
+        feed = {}
+        for name in in_names:
+            spec = in_specs[name]
+            cols = input_cols if len(in_names) == 1 else [name]
+            x = _assemble(arrays, cols, tuple(spec.shape))
+            feed[name] = tf.constant(x.astype(spec.dtype.as_numpy_dtype, copy=False))
+        return sig(**feed)[out_name].numpy()
+
+    return Predictor(
+        fn, output_shape=tuple(out_spec.shape)[1:], output_dtype=out_spec.dtype.name
+    )
+
+
+def load_predictor(model_path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
+    """The default loader: a Keras file (``.keras``/``.h5``) or a SavedModel directory.
+
+    A custom ``loader`` passed to :func:`predict` has this same signature and returns a
+    :class:`Predictor`; it may wrap this function.
+
+    Raises:
+        StorageError: the path is neither a Keras file nor a SavedModel directory.
+        SchemaError: the layer does not exist, or the model's inputs/outputs do not fit.
+    """
+    if os.path.isdir(model_path):
+        if not os.path.exists(os.path.join(model_path, "saved_model.pb")):
+            raise StorageError(
+                f"predict: {model_path!r} is a directory without saved_model.pb, so not a "
+                f"SavedModel. Pass a .keras file or the directory model.export() wrote."
+            )
+        return _saved_model_predictor(model_path, layer, input_cols)
+    return _keras_predictor(model_path, layer, input_cols)
+
+
+def _loader_key(loader: Callable) -> str:
+    key = getattr(loader, "cache_key", None)
+    if key is not None:
+        return str(key)
+    kind = loader if hasattr(loader, "__qualname__") else type(loader)
+    return f"{getattr(kind, '__module__', '?')}.{kind.__qualname__}"
+
+
+def _cached_predictor(
+    model_path: str, layer: str | None, input_cols: Sequence[str], loader: Callable
+) -> Predictor:
+    """This process's Predictor for the model, loading it on first use only."""
+    key = (model_path, layer, _loader_key(loader))
+    with _MODELS_LOCK:
+        predictor = _MODELS.get(key)
+        if predictor is None:
+            predictor = loader(model_path, layer, list(input_cols))
+            if not isinstance(predictor, Predictor):
+                raise TypeError(
+                    f"predict: loader {key[2]} returned {type(predictor).__name__}, not a "
+                    f"dataplane.batch_predict.Predictor."
+                )
+            _MODELS[key] = predictor
+            logger.info("predict: loaded %s (layer %s) in pid %d", model_path, layer, os.getpid())
+        return predictor
+
+
+def _arrow_output_type(shape: tuple[int | None, ...], dtype: str) -> pa.DataType:
+    try:
+        base = pa.from_numpy_dtype(np.dtype(dtype))
+    except (TypeError, ValueError):
+        base = pa.float32()
+    if base not in (pa.float32(), pa.float64(), pa.int32(), pa.int64()):
+        base = pa.float64() if pa.types.is_floating(base) else pa.int64()
+    if math.prod(d or 0 for d in shape) == 1 or shape == ():
+        return base
+    return pa.list_(base)
+
+
+def _dense_shapes(batch: pa.RecordBatch, cols: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Declared per-row shapes for list columns, taken from the first row (to_numpy checks all)."""
+    shapes = {}
+    for c in cols:
+        t = batch.schema.field(c).type
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            first = next((v for v in batch.column(c).to_pylist()[:1] if v is not None), None)
+            if first is not None:
+                shapes[c] = tuple(np.shape(first))
+    return shapes
+
+
+class _PredictBatches:
+    """The mapInArrow function: picklable state only; the model comes from the process cache."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        input_cols: list[str],
+        output_col: str,
+        output_type: pa.DataType,
+        batch_size: int,
+        layer: str | None,
+        loader: Callable,
+    ) -> None:
+        self.model_path = model_path
+        self.input_cols = input_cols
+        self.output_col = output_col
+        self.output_type = output_type
+        self.batch_size = batch_size
+        self.layer = layer
+        self.loader = loader
+
+    def _column(self, out: np.ndarray, rows: int) -> pa.Array:
+        if out.shape[0] != rows:
+            raise SchemaError(
+                f"predict: the model returned {out.shape[0]} rows for a batch of {rows}; it "
+                f"must return one output row per input row."
+            )
+        t = self.output_type
+        if pa.types.is_list(t):
+            flat = out.reshape(rows, -1)
+            width = flat.shape[1]
+            offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+            values = pa.array(flat.ravel().astype(t.value_type.to_pandas_dtype(), copy=False))
+            return pa.ListArray.from_arrays(offsets, values, type=t)
+        return pa.array(out.reshape(rows).astype(t.to_pandas_dtype(), copy=False), type=t)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        predictor = _cached_predictor(self.model_path, self.layer, self.input_cols, self.loader)
+        field = pa.field(self.output_col, self.output_type)
+        for batch in batches:
+            for start in range(0, batch.num_rows, self.batch_size):
+                chunk = batch.slice(start, self.batch_size)
+                specs = column_specs(
+                    chunk.schema, columns=self.input_cols,
+                    shapes=_dense_shapes(chunk, self.input_cols),
+                )
+                arrays = to_numpy(chunk, specs)
+                for name, a in arrays.items():
+                    if isinstance(a, RaggedColumn):
+                        raise SchemaError(
+                            f"predict: column {name!r} holds lists of different lengths; a "
+                            f"model input needs the same length in every row. Pad or filter "
+                            f"the rows first."
+                        )
+                out = predictor(arrays)
+                yield pa.RecordBatch.from_arrays(
+                    [*chunk.columns, self._column(out, chunk.num_rows)],
+                    schema=chunk.schema.append(field),
+                )
+
+
+def predict(
+    df: Any,
+    model_path: str,
+    *,
+    input_cols: Sequence[str],
+    output_col: str = "prediction",
+    batch_size: int = 1024,
+    layer: str | None = None,
+    loader: Callable[[str, str | None, list[str]], Predictor] | None = None,
+    output_shape: Sequence[int] | None = None,
+    output_dtype: str = "float32",
+) -> Any:
+    """Add a column with the model's output for every row of ``df``; keep every input column.
+
+    How columns feed the model: a model with one input gets the one input column as is (a list
+    column is reshaped to the input's shape when the sizes agree, e.g. 784 floats -> 28x28x1), or
+    several scalar columns stacked side by side into ``[batch, len(input_cols)]``. A model with
+    several inputs gets each from the column of the same name.
+
+    Args:
+        df: the Spark DataFrame to score.
+        model_path: a Keras ``.keras``/``.h5`` file or a SavedModel directory, readable at the
+            same path on the driver and every executor (a shared or local filesystem).
+        input_cols: the columns that feed the model, in the order the model expects.
+        output_col: name of the added column (default ``"prediction"``); must not exist yet.
+            One value per row becomes a numeric column, more become ``array<float>`` (flattened).
+        batch_size: most rows per model call (default 1024: small enough for a few MB of input
+            per call, large enough to amortise the call overhead).
+        layer: return this layer's output instead of the model's (feature extraction); Keras
+            files only.
+        loader: ``loader(model_path, layer, input_cols) -> Predictor`` replacing
+            :func:`load_predictor`, e.g. for another model format; must be picklable.
+        output_shape: per-row output shape; when given, the driver does not load the model to
+            learn it (with ``output_dtype``, default float32).
+
+    Returns:
+        ``df`` with ``output_col`` appended, same rows.
+
+    Raises:
+        SchemaError: a column is missing, the output column exists, or the inputs do not fit the
+            model; StorageError: the model path does not exist on the driver.
+    """
+    if not hasattr(df, "mapInArrow"):
+        raise TypeError(f"predict: df must be a Spark DataFrame, got {type(df).__name__}.")
+    if isinstance(input_cols, str) or not input_cols or not all(
+        isinstance(c, str) for c in input_cols
+    ):
+        raise ValueError(
+            f"predict: input_cols must be a non-empty list of column names, got {input_cols!r}."
+        )
+    missing = [c for c in input_cols if c not in df.columns]
+    if missing:
+        raise SchemaError(
+            f"predict: input column(s) {missing} are not in the DataFrame (columns: "
+            f"{df.columns}); fix input_cols."
+        )
+    if not isinstance(output_col, str) or not output_col or output_col in df.columns:
+        raise SchemaError(
+            f"predict: output_col {output_col!r} is empty or already a column of the DataFrame "
+            f"({df.columns}); pick a new name, e.g. output_col='prediction_1'."
+        )
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"predict: batch_size must be an int >= 1, got {batch_size!r}.")
+    if layer is not None and (not isinstance(layer, str) or not layer):
+        raise ValueError(f"predict: layer must be a layer name or None, got {layer!r}.")
+    model_path = os.fspath(model_path)
+    if "://" not in model_path:
+        if not os.path.exists(model_path):
+            raise StorageError(
+                f"predict: model_path {model_path!r} does not exist on the driver. Pass a "
+                f".keras file or a SavedModel directory on a filesystem every executor sees."
+            )
+        model_path = os.path.abspath(model_path)
+    loader = loader or load_predictor
+    cols = list(input_cols)
+    if output_shape is None:
+        probe = _cached_predictor(model_path, layer, cols, loader)
+        output_shape, output_dtype = probe.output_shape, probe.output_dtype
+    out_type = _arrow_output_type(tuple(output_shape), output_dtype)
+
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    schema = StructType([*df.schema.fields, StructField(output_col, from_arrow_type(out_type))])
+    fn = _PredictBatches(
+        model_path=model_path,
+        input_cols=cols,
+        output_col=output_col,
+        output_type=out_type,
+        batch_size=batch_size,
+        layer=layer,
+        loader=loader,
+    )
+    return df.mapInArrow(fn, schema)

@@ -1,0 +1,413 @@
+"""Hyper-parameter search on Spark: one trial per Spark task (``dataplane.tune``).
+
+Every point of the search space becomes one Spark job with exactly one task, and the driver keeps
+at most ``parallelism`` of those jobs running at once, so a slow or crashing trial never holds up
+or takes down the others. The training data is shipped once (a Spark broadcast, or a path each
+executor reads) and kept in a per-process cache on the executors, so ten trials that land on the
+same Python worker read it once.
+
+A trial that raises is recorded as ``status="error"`` with the exception text and the tail of its
+traceback; the other trials carry on. The result is a DataFrame with one row per trial, best first.
+
+Nothing here imports TensorFlow: ``train_fn`` imports whatever it needs on the executor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+import traceback
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["tune", "grid_points", "TrialData"]
+
+logger = logging.getLogger(__name__)
+
+#: Result columns that a param or metric name may not take.
+RESERVED_COLUMNS = ("trial", "seconds", "status", "error")
+#: How many traceback lines are kept in a failed trial's ``error`` text.
+TRACEBACK_LINES = 15
+
+# Per executor Python process: data key -> loaded training data. Filled lazily by TrialData.get().
+_DATA_CACHE: dict[str, Any] = {}
+_DATA_LOCK = threading.Lock()
+
+
+def grid_points(space: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Expand a grid (param -> list of values) into one dict per point, in a stable order.
+
+    The last param varies fastest, like nested ``for`` loops written in the dict's order.
+
+    Raises:
+        ValueError: a param name is not a non-empty string, or its values are not a non-empty
+            list/tuple.
+    """
+    names = list(space)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tune: space key {name!r} is not a param name; use non-empty strings.")
+        values = space[name]
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ValueError(
+                f"tune: space[{name!r}] = {values!r} is not a non-empty list of values. "
+                f"A grid maps each param to the values to try, e.g. {{{name!r}: [0.1, 0.01]}}."
+            )
+    return [dict(zip(names, combo)) for combo in itertools.product(*(space[n] for n in names))]
+
+
+@dataclass(frozen=True)
+class TrialData:
+    """Picklable handle to the training data, resolved once per executor process.
+
+    Exactly one of ``broadcast`` / ``path`` is set (or neither: no data). ``key`` names the cache
+    entry; it is unique per ``tune`` call for broadcast data and the path itself for path data, so
+    repeated ``tune`` calls over the same files reuse what an executor has already read.
+    """
+
+    key: str
+    broadcast: Any = None
+    path: str | None = None
+
+    def get(self) -> Any:
+        """The data, loaded on first use in this process and cached after that."""
+        if self.broadcast is None and self.path is None:
+            return None
+        with _DATA_LOCK:
+            if self.key not in _DATA_CACHE:
+                if self.broadcast is not None:
+                    _DATA_CACHE[self.key] = self.broadcast.value
+                else:
+                    _DATA_CACHE[self.key] = _read_path(self.path)
+                logger.info("tune: loaded training data %s in pid %d", self.key, os.getpid())
+            return _DATA_CACHE[self.key]
+
+
+def _read_path(path: str) -> Any:
+    """Read Parquet (file or directory, local or any pyarrow-supported URL) into a pyarrow Table."""
+    import pyarrow.dataset as ds
+
+    from dataplane.errors import StorageError
+
+    try:
+        return ds.dataset(path, format="parquet").to_table()
+    except (OSError, ValueError) as exc:
+        raise StorageError(
+            f"tune: could not read the training data at {path!r} as Parquet on an executor: "
+            f"{exc}. The path must be visible from every executor (a shared filesystem or a "
+            f"URL such as s3:// or hdfs://)."
+        ) from exc
+
+
+def _run_trial(payload: tuple[int, dict, Callable, TrialData, str]) -> dict[str, Any]:
+    """Executor side: run one trial, never raise (a failure is a result)."""
+    index, params, train_fn, data, metric = payload
+    start = time.perf_counter()
+    try:
+        value = data.get()
+        start = time.perf_counter()
+        metrics = train_fn(dict(params), value)
+        seconds = time.perf_counter() - start
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"train_fn returned {type(metrics).__name__}, not a dict of metrics; "
+                f"return e.g. {{{metric!r}: 0.12}}."
+            )
+        clean = {str(k): _plain(v) for k, v in metrics.items()}
+        if metric not in clean:
+            raise KeyError(
+                f"train_fn returned no {metric!r} metric (got {sorted(clean)}); "
+                f"return it or pass tune(..., metric=<one of those>)."
+            )
+        bad = [k for k in clean if k in RESERVED_COLUMNS or k in params]
+        if bad:
+            raise ValueError(
+                f"train_fn returned metric name(s) {bad} that clash with the result columns "
+                f"{list(RESERVED_COLUMNS)} or the params; rename them."
+            )
+        return {"trial": index, "metrics": clean, "seconds": seconds, "status": "ok", "error": None}
+    except Exception as exc:  # noqa: BLE001 - a failed trial is a result, not a crash
+        tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tail = "\n".join(tail.rstrip().splitlines()[-TRACEBACK_LINES:])
+        return {
+            "trial": index,
+            "metrics": {},
+            "seconds": time.perf_counter() - start,
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}\n{tail}",
+        }
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and 0-d arrays -> Python scalars, so the result DataFrame gets plain types."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 1) == 0:
+        return item()
+    return value
+
+
+def _spark_context(spark: Any) -> Any:
+    sc = getattr(spark, "sparkContext", spark)
+    if not hasattr(sc, "parallelize"):
+        raise TypeError(
+            f"tune: spark must be a classic SparkSession or SparkContext, got "
+            f"{type(spark).__name__}. Spark Connect sessions cannot run per-trial jobs; use a "
+            f"classic session (SparkSession.builder.master(...)) for tune."
+        )
+    return sc
+
+
+def _build_trials(
+    space: Any, num_trials: int | None, seed: int | None
+) -> list[dict[str, Any]]:
+    if isinstance(space, Mapping):
+        if num_trials is not None:
+            raise ValueError(
+                f"tune: num_trials={num_trials} applies to a sampled space only; a grid "
+                f"(dict) runs every point once. Drop num_trials or pass a sampler."
+            )
+        return grid_points(space)
+    if callable(space):
+        if not isinstance(num_trials, int) or isinstance(num_trials, bool) or num_trials < 1:
+            raise ValueError(
+                f"tune: a sampled space (a callable rng -> dict) needs num_trials >= 1, got "
+                f"{num_trials!r}; e.g. tune(spark, fn, sampler, num_trials=20)."
+            )
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        points = []
+        for i in range(num_trials):
+            point = space(rng)
+            if not isinstance(point, Mapping) or not point:
+                raise ValueError(
+                    f"tune: the sampler returned {point!r} for trial {i}; it must return a "
+                    f"non-empty dict of param -> value."
+                )
+            points.append({str(k): _plain(v) for k, v in point.items()})
+        return points
+    if isinstance(space, Sequence) and not isinstance(space, (str, bytes)):
+        points = list(space)
+        if not points or not all(isinstance(p, Mapping) and p for p in points):
+            raise ValueError(
+                "tune: a list space must be a non-empty list of non-empty param dicts, one per "
+                "trial."
+            )
+        return [dict(p) for p in points]
+    raise TypeError(
+        f"tune: space must be a dict of param -> list of values (a grid), a callable "
+        f"rng -> dict (a sampler, with num_trials), or a list of param dicts; got "
+        f"{type(space).__name__}."
+    )
+
+
+def _ship_data(sc: Any, data: Any) -> TrialData:
+    if data is None:
+        return TrialData(key="none")
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        if "://" not in path and not os.path.exists(path):
+            from dataplane.errors import StorageError
+
+            raise StorageError(
+                f"tune: data path {path!r} does not exist. Pass a Parquet file or directory "
+                f"that every executor can read, or the data itself (pyarrow Table, pandas "
+                f"DataFrame, dict of numpy arrays)."
+            )
+        if "://" not in path:
+            path = os.path.abspath(path)
+        return TrialData(key=f"path:{path}", path=path)
+    if hasattr(data, "sparkSession") and hasattr(data, "schema") and hasattr(data, "select"):
+        # A Spark DataFrame: collect it once on the driver as Arrow, then broadcast the table.
+        import pyarrow as pa
+
+        table = data.toArrow() if hasattr(data, "toArrow") else pa.Table.from_pandas(
+            data.toPandas(), preserve_index=False
+        )
+        data = table
+    return TrialData(key=f"broadcast:{uuid.uuid4().hex}", broadcast=sc.broadcast(data))
+
+
+def _value_type(values: list[Any]) -> str:
+    """The Spark SQL type for one result column, from the values seen (nulls ignored)."""
+    seen = [v for v in values if v is not None]
+    if not seen:
+        return "string"
+    if all(isinstance(v, bool) for v in seen):
+        return "boolean"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in seen):
+        return "bigint"
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen):
+        return "double"
+    return "string"
+
+
+def _cast(value: Any, kind: str) -> Any:
+    if value is None:
+        return None
+    if kind == "double":
+        return float(value)
+    if kind == "string" and not isinstance(value, str):
+        return repr(value)
+    return value
+
+
+def _sort_key(metric: str, mode: str) -> Callable[[dict], tuple]:
+    def key(row: dict) -> tuple:
+        value = row["metrics"].get(metric)
+        if row["status"] != "ok" or not isinstance(value, (int, float)) or math.isnan(value):
+            return (1, 0.0, row["trial"])
+        return (0, value if mode == "min" else -value, row["trial"])
+
+    return key
+
+
+def tune(
+    spark: Any,
+    train_fn: Callable[[dict, Any], Mapping[str, Any]],
+    space: Any,
+    *,
+    data: Any = None,
+    metric: str = "loss",
+    mode: str = "min",
+    parallelism: int | None = None,
+    num_trials: int | None = None,
+    seed: int | None = 0,
+) -> Any:
+    """Run one training trial per point of ``space``, each as its own Spark task.
+
+    Args:
+        spark: a classic ``SparkSession`` (or ``SparkContext``).
+        train_fn: ``train_fn(params, data) -> dict of metrics``, run on an executor. Must be
+            picklable (a module-level function, or a closure cloudpickle can ship).
+        space: what to try, one of
+            - a grid: ``{"lr": [0.1, 0.01], "units": [16, 32]}`` -> every combination (4 trials);
+            - a sampler: a callable ``rng -> dict`` given a ``numpy.random.Generator``, called
+              ``num_trials`` times on the driver (seeded by ``seed``, so runs repeat);
+            - a list of param dicts, one per trial.
+        data: training data handed to every trial, shipped once: a pyarrow Table, pandas
+            DataFrame or dict of numpy arrays is broadcast and arrives as the same type; a Spark
+            DataFrame is collected once on the driver and arrives as a pyarrow Table; a path
+            (Parquet file or directory, local or URL) is read by each executor process once and
+            arrives as a pyarrow Table. ``None`` (default): ``train_fn`` gets ``None``.
+        metric: the metric that ranks trials (default ``"loss"``); each ``train_fn`` must return
+            it, or that trial is recorded as an error.
+        mode: ``"min"`` (default, for losses) or ``"max"`` (for accuracies).
+        parallelism: trials running at once (default: Spark's default parallelism, i.e. the
+            executor slots, so every slot holds one trial).
+        num_trials: how many points to draw from a sampler (required for a sampler only).
+        seed: seed for the sampler's generator (default 0: the same points every run).
+
+    Returns:
+        A Spark DataFrame, one row per trial, best first (failed trials last): ``trial`` (index
+        in the order the space produced the points), one column per param, one per metric,
+        ``seconds`` (time inside ``train_fn``), ``status`` (``"ok"``/``"error"``) and ``error``
+        (exception text and traceback tail, null when ok). Params/metrics that are not numbers,
+        booleans or strings appear as their ``repr``.
+
+    Raises:
+        ValueError / TypeError: bad ``space``, ``metric``, ``mode`` or ``parallelism``, before
+            anything runs.
+        StorageError: ``data`` is a local path that does not exist.
+    """
+    if not callable(train_fn):
+        raise TypeError(
+            f"tune: train_fn must be callable as train_fn(params: dict, data) -> dict of "
+            f"metrics, got {type(train_fn).__name__}."
+        )
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"tune: metric must be a metric name such as 'loss', got {metric!r}.")
+    if mode not in ("min", "max"):
+        raise ValueError(f"tune: mode must be 'min' or 'max', got {mode!r}.")
+    if parallelism is not None and (
+        not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1
+    ):
+        raise ValueError(f"tune: parallelism must be an int >= 1 or None, got {parallelism!r}.")
+    sc = _spark_context(spark)
+    points = _build_trials(space, num_trials, seed)
+    param_names: list[str] = []
+    for point in points:
+        for name in point:
+            if name not in param_names:
+                param_names.append(name)
+    clash = [n for n in param_names if n in RESERVED_COLUMNS]
+    if clash:
+        raise ValueError(
+            f"tune: param name(s) {clash} clash with the result columns "
+            f"{list(RESERVED_COLUMNS)}; rename them."
+        )
+    if metric in param_names:
+        raise ValueError(f"tune: metric {metric!r} is also a param name; rename one of them.")
+
+    workers = min(parallelism or sc.defaultParallelism, len(points))
+    shipped = _ship_data(sc, data)
+    group = f"dataplane-tune-{uuid.uuid4().hex[:8]}"
+    logger.info("tune: %d trials, %d at a time (job group %s)", len(points), workers, group)
+
+    def one(index: int) -> dict[str, Any]:
+        payload = (index, points[index], train_fn, shipped, metric)
+        sc.setJobGroup(group, f"tune trial {index}: {points[index]}", interruptOnCancel=False)
+        try:
+            return sc.parallelize([payload], 1).map(_run_trial).collect()[0]
+        except Exception as exc:  # noqa: BLE001 - the task itself died (worker crash, OOM...)
+            text = str(exc).strip().splitlines()
+            return {
+                "trial": index,
+                "metrics": {},
+                "seconds": float("nan"),
+                "status": "error",
+                "error": "Spark task failed: " + "\n".join(text[-TRACEBACK_LINES:]),
+            }
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dataplane-tune") as pool:
+            results = list(pool.map(one, range(len(points))))
+    finally:
+        if shipped.broadcast is not None:
+            shipped.broadcast.unpersist(blocking=False)
+
+    results.sort(key=_sort_key(metric, mode))
+    failed = sum(r["status"] != "ok" for r in results)
+    if failed:
+        logger.warning("tune: %d of %d trials failed; see the 'error' column", failed, len(results))
+    return _to_dataframe(spark, results, points, param_names, metric)
+
+
+def _to_dataframe(
+    spark: Any,
+    results: list[dict[str, Any]],
+    points: list[dict[str, Any]],
+    param_names: list[str],
+    metric: str,
+) -> Any:
+    from pyspark.sql import SparkSession
+
+    session = spark if hasattr(spark, "createDataFrame") else SparkSession.builder.getOrCreate()
+    metric_names = [metric]
+    for r in results:
+        for name in r["metrics"]:
+            if name not in metric_names:
+                metric_names.append(name)
+    columns: dict[str, list[Any]] = {"trial": [r["trial"] for r in results]}
+    for name in param_names:
+        columns[name] = [points[r["trial"]].get(name) for r in results]
+    for name in metric_names:
+        columns[name] = [r["metrics"].get(name) for r in results]
+    columns["seconds"] = [float(r["seconds"]) for r in results]
+    columns["status"] = [r["status"] for r in results]
+    columns["error"] = [r["error"] for r in results]
+    kinds = {name: _value_type(values) for name, values in columns.items()}
+    kinds["seconds"] = "double"
+    if all(v is None for v in columns[metric]):
+        kinds[metric] = "double"  # every trial failed: keep the metric numeric
+    schema = ", ".join(f"`{name}` {kind}" for name, kind in kinds.items())
+    rows = [
+        tuple(_cast(columns[name][i], kinds[name]) for name in columns) for i in range(len(results))
+    ]
+    return session.createDataFrame(rows, schema=schema)

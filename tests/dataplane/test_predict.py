@@ -1,0 +1,144 @@
+"""dataplane.predict on real Spark + real Keras: values equal a local model.predict, loaded once."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from dataplane.batch_predict import load_predictor, predict
+from dataplane.errors import SchemaError, StorageError
+
+ROWS = 300
+
+
+class CountingLoader:
+    """The default loader, appending this process's pid to a file on every (uncached) load."""
+
+    def __init__(self, log_path: str) -> None:
+        self.log_path = log_path
+
+    def __call__(self, model_path, layer, input_cols):
+        with open(self.log_path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return load_predictor(model_path, layer, input_cols)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A classifier (.keras and SavedModel) and a scalar regressor, with local references."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    root = tmp_path_factory.mktemp("models")
+    inp = keras.Input(shape=(4,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu", name="dense_1")(inp)
+    out = keras.layers.Dense(3, activation="softmax", name="out")(hidden)
+    clf = keras.Model(inp, out)
+    reg = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1, name="y")])
+    paths = {"clf": str(root / "clf.keras"), "reg": str(root / "reg.keras"),
+             "saved": str(root / "clf_savedmodel")}
+    clf.save(paths["clf"])
+    reg.save(paths["reg"])
+    clf.export(paths["saved"])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((ROWS, 4)).astype(np.float32)
+    hidden_model = keras.Model(inp, hidden)
+    ref = {
+        "clf": clf.predict(x, verbose=0),
+        "reg": reg.predict(x, verbose=0).reshape(-1),
+        "dense_1": hidden_model.predict(x, verbose=0),
+    }
+    return paths, x, ref
+
+
+@pytest.fixture(scope="module")
+def frame(spark, models):
+    _, x, _ = models
+    rows = [(i, *map(float, x[i]), [float(v) for v in x[i]], f"r{i}") for i in range(ROWS)]
+    schema = "id long, f0 float, f1 float, f2 float, f3 float, vec array<float>, tag string"
+    return spark.createDataFrame(rows, schema).repartition(6)
+
+
+def _by_id(df, col):
+    return {r["id"]: r[col] for r in df.select("id", col).collect()}
+
+
+def test_keras_predictions_equal_local_predict_and_keep_columns(frame, models):
+    paths, _, ref = models
+    out = predict(frame, paths["clf"], input_cols=["f0", "f1", "f2", "f3"], batch_size=32)
+    assert out.columns == frame.columns + ["prediction"]
+    assert out.schema["prediction"].dataType.simpleString() == "array<float>"
+    rows = out.collect()
+    assert len(rows) == ROWS
+    assert all(r["tag"] == f"r{r['id']}" for r in rows)  # input columns kept, row for row
+    got = {r["id"]: r["prediction"] for r in rows}
+    for i in range(ROWS):
+        np.testing.assert_allclose(got[i], ref["clf"][i], rtol=1e-5, atol=1e-6)
+
+
+def test_list_column_input_and_scalar_output(frame, models):
+    paths, _, ref = models
+    out = predict(frame, paths["reg"], input_cols=["vec"], output_col="y_hat", batch_size=50)
+    assert out.schema["y_hat"].dataType.simpleString() == "float"
+    got = _by_id(out, "y_hat")
+    np.testing.assert_allclose([got[i] for i in range(ROWS)], ref["reg"], rtol=1e-5, atol=1e-6)
+
+
+def test_savedmodel_directory(frame, models):
+    paths, _, ref = models
+    out = predict(frame, paths["saved"], input_cols=["vec"])
+    got = _by_id(out, "prediction")
+    np.testing.assert_allclose(np.array([got[i] for i in range(ROWS)]), ref["clf"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_intermediate_layer_features(frame, models):
+    paths, _, ref = models
+    out = predict(frame, paths["clf"], input_cols=["vec"], output_col="emb", layer="dense_1")
+    assert out.schema["emb"].dataType.simpleString() == "array<float>"
+    got = _by_id(out, "emb")
+    assert len(got[0]) == 8
+    np.testing.assert_allclose(np.array([got[i] for i in range(ROWS)]), ref["dense_1"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_model_loaded_once_per_executor_process(frame, models, tmp_path):
+    paths, _, ref = models
+    log = tmp_path / "loads.txt"
+    # a new layer key so no process has this (path, layer, loader) cached yet
+    out = predict(frame.repartition(8), paths["clf"], input_cols=["vec"], batch_size=8,
+                  loader=CountingLoader(str(log)))
+    assert out.count() == ROWS
+    again = predict(frame.repartition(5), paths["clf"], input_cols=["vec"], batch_size=8,
+                    loader=CountingLoader(str(log)))
+    got = _by_id(again, "prediction")
+    np.testing.assert_allclose(got[7], ref["clf"][7], rtol=1e-5, atol=1e-6)
+    pids = [int(p) for p in log.read_text().split()]
+    workers = [p for p in pids if p != os.getpid()]
+    # 13 partitions in 2 jobs, cut into >= 38 model calls of 8 rows, yet one load per process
+    assert workers, "no executor process loaded the model"
+    assert len(workers) == len(set(workers)), pids
+    assert len(workers) <= 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, text",
+    [
+        ({"input_cols": ["nope"]}, SchemaError, "'nope'"),
+        ({"input_cols": "vec"}, ValueError, "non-empty list"),
+        ({"input_cols": ["vec"], "output_col": "tag"}, SchemaError, "already a column"),
+        ({"input_cols": ["vec"], "batch_size": 0}, ValueError, "batch_size"),
+        ({"input_cols": ["vec"], "model_path": "/nonexistent/m.keras"}, StorageError,
+         "does not exist"),
+        ({"input_cols": ["vec"], "layer": "no_such_layer"}, SchemaError, "no layer"),
+    ],
+)
+def test_bad_arguments_fail_on_the_driver(frame, models, kwargs, exc, text):
+    paths, _, _ = models
+    kwargs.setdefault("model_path", paths["clf"])
+    with pytest.raises(exc) as info:
+        out = predict(frame, **kwargs)
+        out.collect()
+    assert text in str(info.value)
