@@ -1,0 +1,516 @@
+"""Spark jobs between DataFrames and TFRecord files: :func:`write_tfrecords`, :func:`read_tfrecords`.
+
+Writing is one ``DataFrame.mapInArrow`` job (so it also runs under Spark Connect). Each task
+encodes its Arrow batches with :func:`formats.example.encode_example_array` (vectorised, no
+Python object per row) and frames them into one file per partition, named by partition *and*
+task attempt, under ``<path>/_temporary/<job id>/``. Each task returns one small stats row;
+``collect()`` hands the driver exactly the rows of the attempts Spark counted as successful, and
+the driver then renames exactly those files to ``part-<partition>.tfrecord[.gz]``, deletes the
+staging area (failed, retried and speculative attempts' files with it) and writes the schema file
+(:mod:`formats.schemafile`). A failed job deletes the staging area, and the output directory too
+when the job created it, so nothing partial is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Sequence
+
+import pyarrow as pa
+
+from dataplane.errors import SchemaError, StorageError
+from formats.schema import ColumnSpec, column_array, column_specs
+from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
+from formats.tfrecord import compression_suffix, normalize_compression
+
+__all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema"]
+
+logger = logging.getLogger(__name__)
+
+_STATS_SCHEMA = "partition INT, attempt INT, file STRING, rows BIGINT, bytes BIGINT, nulls STRING"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote.
+
+    Attributes:
+        path: the output directory (as given).
+        rows: rows written.
+        files: data files written (empty partitions write none).
+        bytes: bytes of the data files (compressed size when compressed).
+        seconds: wall time of the whole export, commit included.
+    """
+
+    path: str
+    rows: int
+    files: int
+    bytes: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark <-> Arrow types
+
+
+def _to_arrow_type(dt: Any) -> pa.DataType:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        return to_arrow_type(dt, timezone="UTC")  # pyspark >= 4
+    except TypeError:
+        return to_arrow_type(dt)  # pyspark 3.5
+
+
+def spark_arrow_schema(schema: Any) -> pa.Schema:
+    """The Arrow schema Spark hands ``mapInArrow`` for a Spark ``StructType``.
+
+    Raises:
+        SchemaError: a column has a Spark type with no Arrow form (names the column).
+    """
+    fields = []
+    for f in schema.fields:
+        try:
+            t = _to_arrow_type(f.dataType)
+        except Exception as exc:  # pyspark raises several types for unsupported types
+            raise SchemaError(
+                f"column {f.name!r} has Spark type {f.dataType.simpleString()}, which has no "
+                f"Arrow form ({exc}); cast or drop it before exporting."
+            ) from exc
+        fields.append(pa.field(f.name, t, nullable=f.nullable))
+    return pa.schema(fields)
+
+
+def _spark_type_for(name: str, t: pa.DataType) -> Any:
+    """A Spark type that can hold Arrow type ``t`` (unsigned ints widen, dictionaries decode)."""
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    if pa.types.is_dictionary(t):
+        return _spark_type_for(name, t.value_type)
+    widen = {pa.uint8(): T.ShortType(), pa.uint16(): T.IntegerType(), pa.uint32(): T.LongType(),
+             pa.uint64(): T.LongType(), pa.float16(): T.FloatType()}
+    if t in widen:
+        return widen[t]
+    if pa.types.is_large_string(t):
+        return T.StringType()
+    if pa.types.is_large_binary(t):
+        return T.BinaryType()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return T.ArrayType(_spark_type_for(name, t.value_type), containsNull=False)
+    try:
+        return from_arrow_type(t, prefer_timestamp_ntz=t.tz is None) if pa.types.is_timestamp(t) else from_arrow_type(t)
+    except Exception as exc:
+        raise SchemaError(f"column {name!r}: Arrow type {t} has no Spark type ({exc}).") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# the write job
+
+
+class _WriteTask:
+    """The per-partition writer shipped to executors (picklable; opens its file lazily)."""
+
+    def __init__(self, filesystem: Any, staging: str, specs: list[ColumnSpec], compression: str | None) -> None:
+        self.filesystem = filesystem
+        self.staging = staging
+        self.specs = specs
+        self.compression = compression
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from formats.example import encode_example_array
+        from formats.tfrecord import open_compressed, write_record_array
+
+        ctx = TaskContext.get()
+        pid = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        tid = ctx.taskAttemptId() if ctx else 0
+        name = (
+            f"{self.staging}/part-{pid:05d}-attempt-{attempt}-{tid}.tfrecord"
+            f"{compression_suffix(self.compression)}"
+        )
+        rows = 0
+        nulls = {s.name: 0 for s in self.specs}
+        raw = stream = None
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                if raw is None:
+                    raw = self.filesystem.open_output_stream(name)
+                    stream = open_compressed(raw, self.compression, mode="wb")
+                for s in self.specs:
+                    nulls[s.name] += column_array(batch, s.name).null_count
+                write_record_array(stream, encode_example_array(batch, self.specs))
+                rows += batch.num_rows
+        finally:
+            if stream is not None and stream is not raw:
+                stream.close()
+            if raw is not None:
+                raw.close()
+        size = self.filesystem.get_file_info(name).size if raw is not None else 0
+        yield pa.RecordBatch.from_pydict(
+            {
+                "partition": pa.array([pid], pa.int32()),
+                "attempt": pa.array([attempt], pa.int32()),
+                "file": pa.array([name if raw is not None else None], pa.string()),
+                "rows": pa.array([rows], pa.int64()),
+                "bytes": pa.array([size or 0], pa.int64()),
+                "nulls": pa.array([json.dumps(nulls)], pa.string()),
+            }
+        )
+
+
+class _Progress:
+    """Polls Spark's status tracker in a thread and reports (tasks done, tasks total)."""
+
+    def __init__(self, spark: Any, callback: Callable[[int, int], None] | None, interval: float = 0.25) -> None:
+        self.callback = callback
+        self.group = f"dataplane-export-{uuid.uuid4().hex[:12]}"
+        self.sc = None
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._prev_group = None
+        if callback is None:
+            return
+        try:
+            self.sc = spark.sparkContext  # classic Spark only; Spark Connect has no tracker
+        except Exception:  # noqa: BLE001 - Connect raises its own error types here
+            self.sc = None
+
+    def __enter__(self) -> "_Progress":
+        if self.sc is not None:
+            self._prev_group = self.sc.getLocalProperty("spark.jobGroup.id")
+            self.sc.setJobGroup(self.group, "dataplane export", interruptOnCancel=True)
+            self._thread = threading.Thread(target=self._run, name="export-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        tracker = self.sc.statusTracker()  # type: ignore[union-attr]
+        done = total = 0
+        for job in tracker.getJobIdsForGroup(self.group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info else []:
+                s = tracker.getStageInfo(stage)
+                if s is not None:
+                    done += s.numCompletedTasks
+                    total += s.numTasks
+        if total:
+            self.callback(done, total)  # type: ignore[misc]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001 - progress must never break the export
+                logger.debug("progress poll failed", exc_info=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001
+                pass
+            self.sc.setLocalProperty("spark.jobGroup.id", self._prev_group)  # type: ignore[union-attr]
+
+
+def _resolve(path: str | os.PathLike, filesystem: Any) -> Any:
+    from feeders.fs import resolve
+
+    return resolve(path, filesystem=filesystem)
+
+
+def _remove(fs: Any, path: str) -> None:
+    try:
+        fs.delete_dir(path)
+    except (OSError, FileNotFoundError):
+        logger.debug("could not remove %s", path, exc_info=True)
+
+
+def write_tfrecords(
+    df: Any,
+    path: str | os.PathLike,
+    *,
+    compression: str | None = None,
+    num_files: int | None = None,
+    filesystem: Any = None,
+    mode: str = "error",
+    flatten_structs: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ExportResult:
+    """Write a DataFrame as ``tf.train.Example`` TFRecord files plus a schema file.
+
+    Args:
+        df: a Spark DataFrame (classic or Spark Connect).
+        path: output directory: local path, ``file://``, ``s3://`` or ``hdfs://`` URL.
+        compression: ``"GZIP"``, ``"ZLIB"`` or ``None`` (default: uncompressed, the fastest to
+            read back).
+        num_files: repartition into this many tasks, one file each (default: one file per
+            existing partition; empty partitions write no file).
+        filesystem: a ``pyarrow.fs.FileSystem`` to write with (default: from the URL).
+        mode: ``"error"`` (default: refuse a non-empty existing directory, like Spark) or
+            ``"overwrite"``.
+        flatten_structs: write struct columns as ``"parent.child"`` features (default False:
+            a struct column is a SchemaError).
+        progress: called with (tasks done, tasks total) while the job runs (classic Spark only).
+
+    Returns:
+        An :class:`ExportResult`.
+
+    Raises:
+        SchemaError: a column TF cannot hold (named), before any file is written.
+        StorageError: the output exists (mode="error") or cannot be written.
+    """
+    started = time.perf_counter()
+    comp = normalize_compression(compression)
+    if num_files is not None and (not isinstance(num_files, int) or num_files < 1):
+        raise ValueError(f"num_files must be a positive int or None, got {num_files!r}.")
+    if mode not in ("error", "overwrite"):
+        raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
+    arrow_schema = spark_arrow_schema(df.schema)
+    specs = column_specs(arrow_schema, flatten_structs=flatten_structs)
+
+    from pyarrow import fs as pafs
+
+    loc = _resolve(path, filesystem)
+    fs, root = loc.filesystem, loc.path.rstrip("/")
+    info = fs.get_file_info(root)
+    created = info.type == pafs.FileType.NotFound
+    if info.type == pafs.FileType.File:
+        raise StorageError(f"{loc.url} is a file; write_tfrecords needs a directory path.")
+    if not created and fs.get_file_info(pafs.FileSelector(root)):
+        if mode == "error":
+            raise StorageError(
+                f"{loc.url} already exists and is not empty; choose a new path or pass "
+                f"mode='overwrite'."
+            )
+        fs.delete_dir_contents(root)
+    job = uuid.uuid4().hex[:16]
+    staging = f"{root}/_temporary/{job}"
+    fs.create_dir(staging, recursive=True)
+    task = _WriteTask(fs, staging, specs, comp)
+    try:
+        data = df.repartition(num_files) if num_files else df
+        with _Progress(df.sparkSession, progress):
+            stats = data.mapInArrow(task, _STATS_SCHEMA).collect()
+        committed = _commit(fs, root, stats, comp)
+    except BaseException:
+        if created:
+            _remove(fs, root)
+        else:
+            _remove(fs, f"{root}/_temporary")
+        raise
+    _remove(fs, f"{root}/_temporary")
+    rows = sum(r["rows"] for r in committed)
+    nulls: dict[str, int] = {s.name: 0 for s in specs}
+    for r in stats:
+        for k, v in json.loads(r["nulls"]).items():
+            nulls[k] = nulls.get(k, 0) + int(v)
+    spark_schema = None if flatten_structs else df.schema.jsonValue()
+    schema = TFRecordSchema(
+        specs=specs,
+        compression=comp,
+        num_rows=rows,
+        files=committed,
+        null_counts=nulls,
+        spark_schema=spark_schema,
+    )
+    from formats.schemafile import write_schema_file
+
+    write_schema_file(root, schema, filesystem=fs)
+    return ExportResult(
+        path=str(path),
+        rows=rows,
+        files=len(committed),
+        bytes=sum(r["bytes"] for r in committed),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _commit(fs: Any, root: str, stats: Sequence[Any], comp: str | None) -> list[dict[str, Any]]:
+    """Rename each partition's one successful attempt file into place."""
+    seen: set[int] = set()
+    out = []
+    for r in sorted(stats, key=lambda r: r["partition"]):
+        pid = r["partition"]
+        if pid in seen:  # cannot happen with collect(); never commit a partition twice
+            logger.warning("partition %d reported twice; keeping its first attempt", pid)
+            continue
+        seen.add(pid)
+        if not r["file"] or not r["rows"]:
+            continue
+        name = f"part-{pid:05d}.tfrecord{compression_suffix(comp)}"
+        fs.move(r["file"], f"{root}/{name}")
+        out.append({"path": name, "rows": int(r["rows"]), "bytes": int(r["bytes"])})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the read job
+
+
+def _compression_of(name: str, declared: str | None) -> str | None:
+    if declared is not None:
+        return declared
+    if name.endswith(".gz"):
+        return "GZIP"
+    if name.endswith(".zlib"):
+        return "ZLIB"
+    return None
+
+
+class _ReadTask:
+    """Decodes the files whose indices arrive in its input batches (picklable)."""
+
+    def __init__(self, filesystem: Any, files: list[str], comps: list[str | None], specs: list[ColumnSpec],
+                 target: pa.Schema, batch_size: int) -> None:
+        self.filesystem = filesystem
+        self.files = files
+        self.comps = comps
+        self.specs = specs
+        self.target = target
+        self.batch_size = batch_size
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from formats.example import decode_examples
+        from formats.tfrecord import iter_records, open_compressed
+
+        for b in batches:
+            for idx in b.column(0).to_pylist():
+                path = self.files[idx]
+                with self.filesystem.open_input_stream(path) as raw:
+                    stream = open_compressed(raw, self.comps[idx])
+                    chunk: list[bytes] = []
+                    for rec in iter_records(stream, name=path):
+                        chunk.append(rec)
+                        if len(chunk) >= self.batch_size:
+                            yield self._decode(decode_examples, chunk, path)
+                            chunk = []
+                    if chunk:
+                        yield self._decode(decode_examples, chunk, path)
+
+    def _decode(self, decode: Any, chunk: list[bytes], path: str) -> pa.RecordBatch:
+        table = decode(chunk, self.specs, name=path)
+        cols = [table.column(i).cast(f.type) for i, f in enumerate(self.target)]
+        return pa.Table.from_arrays(cols, schema=self.target).combine_chunks().to_batches()[0]
+
+
+def _sample_records(fs: Any, files: list[str], comps: list[str | None], n: int) -> list[bytes]:
+    from formats.tfrecord import iter_records, open_compressed
+
+    out: list[bytes] = []
+    for path, comp in zip(files, comps):
+        with fs.open_input_stream(path) as raw:
+            for rec in iter_records(open_compressed(raw, comp), name=path):
+                out.append(rec)
+                if len(out) >= n:
+                    return out
+    return out
+
+
+def read_tfrecords(
+    spark: Any,
+    path: str | os.PathLike,
+    *,
+    schema: Any = None,
+    filesystem: Any = None,
+    compression: str | None = None,
+    sample: int = 1000,
+    batch_size: int = 4096,
+) -> Any:
+    """Read ``tf.train.Example`` TFRecord files into a DataFrame with the right Spark types.
+
+    Args:
+        spark: the SparkSession (classic or Connect).
+        path: a TFRecord file or a directory of them (names starting with ``_``/``.`` skipped).
+        schema: ``None`` (default: the schema file beside the data, else inferred from the first
+            ``sample`` records, see :mod:`formats.example_decode`), a schema file path, a
+            :class:`~formats.schemafile.TFRecordSchema`, a ``pyarrow.Schema`` or a list of
+            :class:`ColumnSpec`.
+        filesystem: a ``pyarrow.fs.FileSystem`` to read with (default: from the URL).
+        compression: ``"GZIP"``/``"ZLIB"``/``None``; default: the schema file's, else by file
+            suffix (``.gz``, ``.zlib``).
+        sample: records looked at when inferring the schema.
+        batch_size: records per Arrow batch handed to Spark.
+
+    Returns:
+        A DataFrame, one row per record; absent features are nulls.
+    """
+    from pyarrow import fs as pafs
+    from pyspark.sql import types as T
+
+    from feeders.fs import list_files
+
+    loc = _resolve(path, filesystem)
+    fs = loc.filesystem
+    found = None
+    if schema is None and fs.get_file_info(loc.path).type == pafs.FileType.Directory:
+        found = find_schema_file(loc.path, filesystem=fs)
+    try:
+        files = list_files(loc)
+    except StorageError:
+        if found is None or fs.get_file_info(loc.path).type != pafs.FileType.Directory:
+            raise
+        files = []  # an export of an empty DataFrame: only the schema file
+    if isinstance(schema, (str, os.PathLike)):
+        found = read_schema_file(schema, filesystem=filesystem)
+    elif isinstance(schema, TFRecordSchema):
+        found = schema
+    declared = normalize_compression(compression) if compression else (found.compression if found else None)
+    comps = [_compression_of(f, declared) for f in files]
+    spark_schema = None
+    if found is not None:
+        specs = list(found.specs)
+        if found.spark_schema:
+            spark_schema = T.StructType.fromJson(found.spark_schema)
+    elif isinstance(schema, pa.Schema):
+        specs = column_specs(schema)
+    elif schema is not None:
+        specs = list(schema)
+    else:
+        specs = _infer(fs, files, comps, sample, loc.url)
+    if spark_schema is None:
+        spark_schema = T.StructType(
+            [T.StructField(s.name, _spark_type_for(s.name, s.arrow_type or _default_arrow(s)), True)
+             for s in specs]
+        )
+    target = spark_arrow_schema(spark_schema)
+    specs = [replace(s, arrow_type=target.field(s.name).type) for s in specs]
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    task = _ReadTask(fs, files, comps, specs, target, batch_size)
+    ids = spark.range(0, len(files), 1, numPartitions=len(files))
+    return ids.mapInArrow(task, spark_schema)
+
+
+def _default_arrow(spec: ColumnSpec) -> pa.DataType:
+    from formats.example_decode import _default_type
+
+    return _default_type(spec)
+
+
+def _infer(fs: Any, files: list[str], comps: list[str | None], sample: int, url: str) -> list[ColumnSpec]:
+    from formats.example import infer_specs
+
+    records = _sample_records(fs, files, comps, sample)
+    if not records:
+        raise SchemaError(
+            f"{url}: no records to infer a schema from and no {SCHEMA_FILE_NAME}; pass schema=."
+        )
+    return infer_specs(records, name=url)
