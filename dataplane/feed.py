@@ -89,8 +89,13 @@ def _wait(cluster: "Cluster", job: SparkJob, timeout: float, what: str) -> Any:
         except TimeoutError:
             pass
         except Exception as e:
-            # The job failed: if a node is behind it, say so (give heartbeats a moment).
-            err = cluster._node_failure(grace=3.0)
+            # The job failed: if a node is behind it, say so. A node that cannot be reached may
+            # be dead: give the heartbeat monitor long enough to decide.
+            text = str(e)
+            unreachable = any(
+                k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
+            )
+            err = cluster._node_failure(grace=cluster._node_timeout + 2.0 if unreachable else 3.0)
             if err is not None:
                 raise err from e
             raise FeedError(f"{what} failed: {type(e).__name__}: {_first_line(e)}") from e

@@ -245,13 +245,17 @@ class _Node:
         tf_sock.close()
         os.environ["TF_CONFIG"] = json.dumps(topology.tf_config(me))
         log_dir = self.cfg.get("log_dir")
+        tb_error = None
         if tb_sock is not None and me.role == "chief":
             tb_port = tb_sock.getsockname()[1]
             tb_sock.close()
-            self._start_tensorboard(host, tb_port, log_dir)
+            try:
+                self._start_tensorboard(host, tb_port, log_dir)
+            except Exception as e:  # noqa: BLE001 - reported as this node's failure
+                tb_error = e
         elif tb_sock is not None:
             tb_sock.close()
-        self._run_main(client, me, topology, log_dir)
+        self._run_main(client, me, topology, log_dir, tb_error)
         # Stay up for metrics and inference answers until the driver says stop.
         while not self.stop_event.wait(0.5):
             pass
@@ -286,6 +290,16 @@ class _Node:
         return None
 
     def _start_tensorboard(self, host: str, port: int, log_dir: str | None) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            from dataplane.errors import StackError
+
+            raise StackError(
+                f"run(tensorboard=True): the tensorboard package is not installed on the chief's "
+                f"executor ({socket.gethostname()}, {sys.executable}). TF >= 2.20 no longer "
+                f"installs it: pip install 'spark-tf-dataplane[tf]' or pip install tensorboard."
+            )
         os.makedirs(log_dir, exist_ok=True)  # type: ignore[arg-type]
         self.tensorboard = subprocess.Popen(
             [
@@ -305,13 +319,15 @@ class _Node:
             preexec_fn=_set_pdeathsig,
         )
 
-    def _run_main(self, client, me, topology, log_dir) -> None:  # type: ignore[no-untyped-def]
+    def _run_main(self, client, me, topology, log_dir, startup_error=None) -> None:  # type: ignore[no-untyped-def]
         from pyspark import cloudpickle
 
         from dataplane.context import NodeContext
 
         ok, tb_text = True, ""
         try:
+            if startup_error is not None:
+                raise startup_error
             with open(os.path.join(self.workdir, "payload.pkl"), "rb") as f:
                 main, args = cloudpickle.load(f)
             self.server.main_state = "running"

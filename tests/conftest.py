@@ -12,19 +12,22 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Executors and TF nodes unpickle functions defined in test modules: they must import `tests.*`.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 
 def _build_spark():
     from pyspark.sql import SparkSession
 
     return (
-        SparkSession.builder.master("local[2,3]")  # 2 slots; a task may be tried 3 times
+        SparkSession.builder.master("local[3,3]")  # 3 slots (a 3-node cluster); 3 tries a task
         .appName("dataplane-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "2")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", "2g")
@@ -34,7 +37,7 @@ def _build_spark():
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one classic SparkSession (local[2,3]) shared by every test in the run."""
+    """The one classic SparkSession (local[3,3]) shared by every test in the run."""
     session = _build_spark()
     session.sparkContext.setLogLevel("ERROR")
     yield session

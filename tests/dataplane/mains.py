@@ -1,0 +1,98 @@
+"""Node programs (``main(args, ctx)``) used by the cluster tests; importable on executors."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def _write(path: str, obj) -> None:  # type: ignore[no-untyped-def]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def describe_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Record what the node sees; optionally run one MultiWorkerMirroredStrategy step."""
+    info = {
+        "role": ctx.role,
+        "index": ctx.index,
+        "node_id": ctx.node_id,
+        "num_workers": ctx.num_workers,
+        "worker_index": ctx.worker_index,
+        "tf_config": ctx.tf_config,
+        "env_tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "log_dir": ctx.log_dir,
+    }
+    if args.get("mwms") and ctx.role in ("chief", "worker"):
+        import tensorflow as tf
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        mine = float(ctx.worker_index + 1)
+        total = strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(mine)), axis=None
+        )
+        info["mwms_sum"] = float(total.numpy())
+        info["mwms_replicas"] = strategy.num_replicas_in_sync
+    _write(os.path.join(args["dir"], f"node{ctx.node_id}.json"), info)
+    if args.get("raise_on") == ctx.node_id:
+        raise ValueError(f"boom from node {ctx.node_id}")
+    if args.get("block"):
+        while not ctx.should_stop:
+            time.sleep(0.1)
+
+
+def _predict(batch):  # type: ignore[no-untyped-def]
+    return {"y": batch["x"] * 2.0, "vec_sum": batch["vec"].sum(axis=1).astype(np.float32)}
+
+
+def feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Serve inference in a thread; record a checksum of every pushed epoch."""
+    out = args["dir"]
+    threading.Thread(target=ctx.serve, args=(_predict,), daemon=True).start()
+    ds = ctx.dataset(batch_size=args.get("batch_size", 64))
+    epoch = 0
+    while not ctx.should_stop:
+        ids, batches, shapes, tag_rows, tag_values = [], 0, set(), 0, 0
+        for b in ds:
+            ids.append(b["id"].numpy())
+            batches += 1
+            shapes.add(tuple(b["vec"].shape[1:]))
+            tag_rows += int(b["tags"].nrows())
+            tag_values += int(b["tags"].flat_values.shape[0])
+            if os.path.exists(os.path.join(out, "slow")):
+                time.sleep(0.05)
+        if not ids and ctx.should_stop:
+            break
+        allids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        _write(
+            os.path.join(out, f"node{ctx.node_id}-epoch{epoch}.json"),
+            {
+                "count": int(allids.size),
+                "sumsq": int(np.sum(allids.astype(object) ** 2)) if allids.size else 0,
+                "batches": batches,
+                "ids": allids.tolist() if args.get("keep_ids") else None,
+                "vec_shapes": sorted(shapes),
+                "tag_rows": tag_rows,
+                "tag_values": tag_values,
+                "dtypes": {k: str(v.dtype.name) for k, v in b.items()} if ids else {},
+            },
+        )
+        epoch += 1
+
+
+def early_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read one batch and return while the driver is still pushing."""
+    for _ in ctx.dataset(batch_size=8):
+        break
+
+
+def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Wait for shutdown (used where only the lifecycle matters)."""
+    while not ctx.should_stop:
+        time.sleep(0.1)

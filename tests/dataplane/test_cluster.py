@@ -1,0 +1,107 @@
+"""Cluster lifecycle on real Spark: start, cluster spec, TF_CONFIG, a real MWMS step, shutdown."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+import pytest
+
+import dataplane
+from dataplane.topology import assign_roles
+from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
+from tests.dataplane.mains import describe_main
+
+pytestmark = pytest.mark.cluster
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+def test_two_nodes_spec_tf_config_mwms_step_and_tensorboard(spark, tmp_path):
+    args = {"dir": str(tmp_path), "mwms": True}
+    with dataplane.run(spark, describe_main, args, num_nodes=2, tensorboard=True) as cluster:
+        nodes = cluster.nodes
+        assert [(n.role, n.index, n.worker_index) for n in nodes] == [("chief", 0, 0), ("worker", 0, 1)]
+        assert all(n.host == "127.0.0.1" and n.flight_port > 0 and n.tf_port > 0 for n in nodes)
+        infos = [wait_json(tmp_path / f"node{n.node_id}.json") for n in nodes]
+        url = cluster.tensorboard_url
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + 60
+        while True:  # TensorBoard takes a few seconds to import and bind
+            try:
+                assert urllib.request.urlopen(url, timeout=2).status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"TensorBoard at {url} never answered"
+                time.sleep(0.5)
+        pids = [n.pid for n in nodes]
+        cluster_id = cluster.cluster_id
+    spec = {"chief": [f"127.0.0.1:{nodes[0].tf_port}"], "worker": [f"127.0.0.1:{nodes[1].tf_port}"]}
+    for info, n in zip(infos, nodes):
+        expected = {"cluster": spec, "task": {"type": n.role, "index": n.index}}
+        assert info["tf_config"] == expected
+        assert info["env_tf_config"] == expected
+        assert info["num_workers"] == 2
+        # a real all-reduce across the two node processes: 1 + 2
+        assert info["mwms_sum"] == 3.0 and info["mwms_replicas"] == 2
+    wait_gone(pids, 10)
+    assert node_processes(cluster_id) == []
+    tb_port = int(url.rsplit(":", 1)[1])
+    assert not _port_open("127.0.0.1", tb_port), "TensorBoard outlived the cluster"
+
+
+def test_three_nodes_with_a_parameter_server(spark, tmp_path):
+    cluster = dataplane.run(spark, describe_main, {"dir": str(tmp_path)}, num_nodes=3, num_ps=1)
+    try:
+        nodes = cluster.nodes
+        assert [(n.role, n.index) for n in nodes] == [("ps", 0), ("chief", 0), ("worker", 0)]
+        infos = {n.node_id: wait_json(tmp_path / f"node{n.node_id}.json") for n in nodes}
+    finally:
+        cluster.shutdown()
+    by_role = {n.role: n for n in nodes}
+    spec = {
+        "chief": [by_role["chief"].tf_address],
+        "worker": [by_role["worker"].tf_address],
+        "ps": [by_role["ps"].tf_address],
+    }
+    for n in nodes:
+        assert infos[n.node_id]["tf_config"] == {"cluster": spec, "task": {"type": n.role, "index": n.index}}
+        assert infos[n.node_id]["num_workers"] == 2
+    assert infos[by_role["ps"].node_id]["worker_index"] is None
+    wait_gone([n.pid for n in nodes], 10)
+
+
+def test_roles_keep_the_evaluator_out_of_the_cluster_spec():
+    regs = {i: {"host": "h", "flight_port": 1000 + i, "tf_port": 2000 + i, "pid": i} for i in range(4)}
+    topo = assign_roles(regs, num_ps=1, evaluator=True)
+    assert [(n.role, n.index) for n in topo.nodes] == [("ps", 0), ("chief", 0), ("worker", 0), ("evaluator", 0)]
+    assert topo.cluster_spec == {"chief": ["h:2001"], "worker": ["h:2002"], "ps": ["h:2000"]}
+    ev = topo.node(3)
+    assert topo.tf_config(ev) == {"cluster": topo.cluster_spec, "task": {"type": "evaluator", "index": 0}}
+    assert [n.node_id for n in topo.workers] == [1, 2]
+
+
+def test_bad_arguments_fail_before_anything_starts(spark):
+    with pytest.raises(ValueError, match="num_nodes=2 cannot hold 2 ps"):
+        dataplane.run(spark, describe_main, num_nodes=2, num_ps=2)
+    with pytest.raises(TypeError, match="main must be callable"):
+        dataplane.run(spark, "not a function")
+    with pytest.raises(ValueError, match="port_range"):
+        dataplane.run(spark, describe_main, port_range=(10, 5))
+
+
+def test_importing_dataplane_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dataplane, formats, feeders, dataplane.cluster, dataplane.feed; "
+        "print('tensorflow' in sys.modules, 'pyspark' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
