@@ -1,0 +1,475 @@
+"""The native Parquet pull reader: pyarrow straight to ``tf.data`` batches, no Petastorm.
+
+How it reads:
+
+* The files under the path are listed once and their footers read (in parallel threads). The
+  footers give the schema every file must share, the row groups for sharding, and null counts,
+  so a missing column, an unsupported type, a schema that differs between files or a null in a
+  dense column is a typed error when the dataset is built, not in the middle of training.
+* Sharding is by file; with fewer files than shards it falls back to row groups.
+* Each iteration streams the shard's files with ``ParquetFile.iter_batches`` (only the projected
+  columns are decoded, multi-threaded in C++), cuts the stream into exactly ``batch_size`` rows
+  (across file boundaries; only the last batch may be short) and converts each batch with
+  :func:`formats.schema.to_numpy`: zero-copy for fixed-width columns, so the copy into the
+  tensor is the one copy per batch. No per-row Python runs for numeric and list columns.
+* Ragged columns travel as flat values plus row splits and become ``tf.RaggedTensor`` in a
+  graph ``map``; ``prefetch(AUTOTUNE)`` overlaps reading with the consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dataplane.errors import SchemaError, StorageError
+from feeders.fs import Location, list_files, resolve, storage_error
+from feeders.shard import normalize_shard, take_shard
+from formats.schema import ColumnSpec, RaggedColumn, column_specs, tf_spec, to_numpy
+
+__all__ = ["parquet_dataset", "ParquetPlan", "plan_parquet"]
+
+logger = logging.getLogger(__name__)
+
+_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+# Generator chunks: big enough that the per-call cost of Dataset.from_generator vanishes,
+# small enough to keep memory and first-batch latency low.
+_CHUNK_BYTES = 4 << 20
+_MAX_CHUNK_ROWS = 1 << 20
+
+
+class ParquetPlan:
+    """What one reader will read: resolved files, their common schema and the shard's units.
+
+    Attributes:
+        location: the resolved path/URL.
+        files: every data file, sorted.
+        schema: the Arrow schema every file shares (without pandas/Spark metadata).
+        row_counts: rows per file.
+        units: this shard's ``(file, row_groups or None)`` pairs, in read order.
+    """
+
+    def __init__(
+        self,
+        location: Location,
+        files: list[str],
+        schema: pa.Schema,
+        metadata: list[Any],
+        units: list[tuple[str, list[int] | None]],
+    ) -> None:
+        self.location = location
+        self.files = files
+        self.schema = schema
+        self.metadata = metadata
+        self.row_counts = [m.num_rows for m in metadata]
+        self.units = units
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the whole data set (all shards)."""
+        return int(sum(self.row_counts))
+
+    def shard_rows(self) -> int:
+        """Rows this shard's units hold."""
+        by_file = dict(zip(self.files, self.metadata))
+        total = 0
+        for path, groups in self.units:
+            meta = by_file[path]
+            if groups is None:
+                total += meta.num_rows
+            else:
+                total += sum(meta.row_group(g).num_rows for g in groups)
+        return total
+
+
+def _read_footer(loc: Location, path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    where = loc.display(path)
+    try:
+        with loc.filesystem.open_input_file(path) as f:
+            return pq.ParquetFile(f).metadata
+    except pa.ArrowInvalid as exc:
+        raise StorageError(
+            f"{where} is not a readable Parquet file ({exc}). Remove it from the directory or "
+            f"rewrite it; empty and partially written files are the usual cause."
+        ) from exc
+    except OSError as exc:
+        raise storage_error(exc, "read the Parquet footer of", where) from exc
+
+
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.remove_metadata()
+
+
+def _check_same_schema(loc: Location, files: list[str], metas: list[Any], names: Sequence[str]) -> None:
+    first = _plain_schema(metas[0].schema.to_arrow_schema())
+    for path, meta in zip(files[1:], metas[1:]):
+        other = _plain_schema(meta.schema.to_arrow_schema())
+        for name in names:
+            i, j = first.get_field_index(name), other.get_field_index(name)
+            if j < 0:
+                raise SchemaError(
+                    f"column {name!r} is in {loc.display(files[0])} but missing from "
+                    f"{loc.display(path)}; every file of a data set must have the same columns. "
+                    f"Rewrite the odd file or select columns present in all files (columns=...)."
+                )
+            if not first.field(i).type.equals(other.field(j).type):
+                raise SchemaError(
+                    f"column {name!r} has type {first.field(i).type} in "
+                    f"{loc.display(files[0])} but {other.field(j).type} in {loc.display(path)}; "
+                    f"every file of a data set must share one schema. Rewrite the files with "
+                    f"one schema (cast the column)."
+                )
+
+
+def _check_nulls(loc: Location, files: list[str], metas: list[Any], specs: Sequence[ColumnSpec]) -> None:
+    """A null in a scalar column without a fill value is an error; find it from the footers."""
+    wanted = {s.name for s in specs if not s.shape and s.fill is None}
+    if not wanted:
+        return
+    for path, meta in zip(files, metas):
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                name = col.path_in_schema
+                if name not in wanted or not col.is_stats_set:
+                    continue
+                stats = col.statistics
+                if stats is not None and stats.has_null_count and stats.null_count:
+                    raise SchemaError(
+                        f"column {name!r} has {stats.null_count} null value(s) in row group {g} "
+                        f"of {loc.display(path)}; TensorFlow tensors cannot hold nulls. Pass "
+                        f"fill_values={{{name!r}: 0}} or filter/impute the nulls when writing."
+                    )
+
+
+def plan_parquet(
+    path_or_url: str | os.PathLike,
+    *,
+    columns: Sequence[str] | None = None,
+    shard: Any = None,
+    filesystem: Any = None,
+) -> ParquetPlan:
+    """List the files, read and check their footers, and choose this shard's units.
+
+    Raises:
+        StorageError: the path does not exist, cannot be read, or a file is not Parquet.
+        SchemaError: the files' schemas differ in a selected column.
+        ValueError: a malformed ``shard``.
+    """
+    shard_t = normalize_shard(shard)
+    loc = resolve(path_or_url, filesystem=filesystem)
+    files = list_files(loc)
+    parquet_files = [f for f in files if f.endswith(_PARQUET_SUFFIXES)]
+    if parquet_files:
+        files = parquet_files
+    if len(files) == 1:
+        metas = [_read_footer(loc, files[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+            metas = list(pool.map(lambda p: _read_footer(loc, p), files))
+    schema = _plain_schema(metas[0].schema.to_arrow_schema())
+    names = list(columns) if columns is not None else list(schema.names)
+    _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
+
+    units: list[tuple[str, list[int] | None]]
+    if shard_t is None:
+        units = [(f, None) for f in files]
+    elif len(files) >= shard_t[1]:
+        units = [(f, None) for f in take_shard(files, shard_t)]
+    else:
+        groups = [(f, [g]) for f, m in zip(files, metas) for g in range(m.num_row_groups)]
+        if len(groups) < shard_t[1]:
+            logger.warning(
+                "%s has %d file(s) and %d row group(s) for %d shards: shard %d may be empty. "
+                "Write more files or smaller row groups.",
+                loc.url, len(files), len(groups), shard_t[1], shard_t[0],
+            )
+        units = take_shard(groups, shard_t)
+    return ParquetPlan(loc, files, schema, metas, units)
+
+
+class _ChunkStream:
+    """Iterates one shard's Parquet units as numpy arrays, ``chunk_rows`` rows at a time.
+
+    Without ragged columns, chunks are a few MB (a multiple of ``batch_size`` rows; files may
+    end short) and the dataset re-cuts them into exact batches with ``Dataset.rebatch``, far
+    cheaper per batch than a Python generator call. With ragged columns ``chunk_rows`` is the
+    batch size and the cut is done here, since ``rebatch`` of ragged tensors is slow. A small
+    picklable object (filesystem + paths + specs), not a closure over driver state.
+    """
+
+    def __init__(
+        self,
+        loc: Location,
+        units: list[tuple[str, list[int] | None]],
+        specs: list[ColumnSpec],
+        schema: pa.Schema,
+        chunk_rows: int,
+        label: str | None = None,
+    ) -> None:
+        self.loc = loc
+        # Without ragged columns the generator yields the final structure (no graph map).
+        self.dense = not any(s.is_ragged for s in specs)
+        self.label = label
+        self.units = units
+        self.specs = specs
+        self.names = [s.name for s in specs]
+        self.schema = schema
+        self.chunk_rows = chunk_rows
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The shard's record batches of (up to) ``chunk_rows`` rows, file by file."""
+        import pyarrow.parquet as pq
+
+        remote = self.loc.scheme != "file"
+        for path, groups in self.units:
+            where = self.loc.display(path)
+            try:
+                f = self.loc.filesystem.open_input_file(path)
+            except OSError as exc:
+                raise storage_error(exc, "open", where) from exc
+            with f:
+                pf = pq.ParquetFile(f, pre_buffer=remote)
+                got = _plain_schema(pf.schema_arrow)
+                for name in self.names:
+                    j = got.get_field_index(name)
+                    want = self.schema.field(name).type
+                    if j < 0 or not got.field(j).type.equals(want):
+                        seen = got.field(j).type if j >= 0 else "no such column"
+                        raise SchemaError(
+                            f"{where}: column {name!r} is {seen}, but the data set was planned "
+                            f"with {want}; the file changed after the dataset was built."
+                        )
+                for batch in pf.iter_batches(
+                    batch_size=self.chunk_rows, row_groups=groups, columns=self.names
+                ):
+                    if batch.num_rows:
+                        yield batch
+
+    def exact(self) -> Iterator[pa.RecordBatch | pa.Table]:
+        """The batches re-cut to exactly ``chunk_rows`` rows across files (last may be short)."""
+        size = self.chunk_rows
+        pending: list[pa.RecordBatch] = []
+        have = 0
+        for b in self.batches():
+            if have == 0 and b.num_rows == size:
+                yield b
+                continue
+            pending.append(b)
+            have += b.num_rows
+            while have >= size:
+                table = pa.Table.from_batches(pending)
+                yield table.slice(0, size)
+                have -= size
+                pending = table.slice(size).to_batches() if have else []
+        if have:
+            yield pa.Table.from_batches(pending)
+
+    def __call__(self) -> Iterator[Any]:
+        # Dense: chunks of several batches, re-cut by Dataset.rebatch (cheap in C++).
+        # Ragged: rebatch is slow for ragged tensors, so cut exact batches here instead.
+        for batch in self.batches() if self.dense else self.exact():
+            try:
+                arrays = to_numpy(batch, self.specs)
+            except SchemaError as exc:
+                raise SchemaError(f"reading {self.loc.url}: {exc}") from exc
+            if not self.dense:
+                yield flatten(arrays, self.specs)
+            elif self.label is None:
+                yield arrays
+            else:
+                y = arrays.pop(self.label)
+                yield arrays, y
+
+
+def chunk_rows_for(metadata: Sequence[Any], names: Sequence[str], batch_size: int) -> int:
+    """Rows per generator chunk: a multiple of ``batch_size`` holding about ``_CHUNK_BYTES``."""
+    wanted = set(names)
+    nbytes = rows = 0
+    for meta in metadata[:8]:
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            rows += rg.num_rows
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.path_in_schema.split(".")[0] in wanted:
+                    nbytes += col.total_uncompressed_size
+    row_bytes = max(1.0, nbytes / rows) if rows else 64.0
+    per_chunk = int(_CHUNK_BYTES / row_bytes) // batch_size
+    return batch_size * max(1, min(per_chunk, _MAX_CHUNK_ROWS // batch_size))
+
+
+def ragged_split_count(spec: ColumnSpec) -> int:
+    """How many row-splits arrays a ragged column travels with (its leading list levels)."""
+    last_none = max(i for i, d in enumerate(spec.shape) if d is None)
+    return last_none + 1
+
+
+def check_representable(specs: Sequence[ColumnSpec]) -> None:
+    """Ragged columns must have their ragged dimensions first (``list<fixed_list>`` is fine,
+    ``fixed_list<list>`` is not): that is what ``tf.RaggedTensorSpec`` can describe."""
+    for s in specs:
+        if s.is_ragged and (
+            ragged_split_count(s) != s.ragged_rank or any(d is None for d in s.shape[s.ragged_rank:])
+        ):
+            raise SchemaError(
+                f"column {s.name!r} has per-row shape {s.shape} (a fixed-size list holding "
+                f"variable-length lists), which tf.RaggedTensorSpec cannot describe. Declare its "
+                f"shape (shapes={{{s.name!r}: ...}}) or restructure the column."
+            )
+
+
+def flatten(arrays: Mapping[str, Any], specs: Sequence[ColumnSpec]) -> tuple[np.ndarray, ...]:
+    """Flat tuple of arrays: a dense column is one array; a ragged one is values + splits."""
+    out: list[np.ndarray] = []
+    for s in specs:
+        a = arrays[s.name]
+        if isinstance(a, RaggedColumn):
+            k = s.ragged_rank
+            tail = tuple(d for d in s.shape[k:])
+            out.append(a.values.reshape((-1, *tail)) if tail else a.values)
+            out.extend(a.row_splits[:k])
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def flat_signature(specs: Sequence[ColumnSpec]) -> tuple[Any, ...]:
+    """``tf.TensorSpec`` per array of :func:`flatten`'s output."""
+    import tensorflow as tf
+
+    sig: list[Any] = []
+    for s in specs:
+        dtype = tf.string if s.dtype == "string" else tf.as_dtype(s.dtype)
+        if s.is_ragged:
+            k = s.ragged_rank
+            sig.append(tf.TensorSpec((None, *s.shape[k:]), dtype, name=s.name))
+            sig.extend(tf.TensorSpec((None,), tf.int64) for _ in range(k))
+        else:
+            sig.append(tf.TensorSpec((None, *s.shape), dtype, name=s.name))
+    return tuple(sig)
+
+
+def signature(
+    schema: pa.Schema,
+    wanted: Sequence[str],
+    label: str | None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Any:
+    """The finished dataset's element spec: ``formats.tf_spec``'s dict, or ``(dict, label)``."""
+    out = tf_spec(schema, columns=wanted, shapes=shapes)
+    if label is None:
+        return out
+    y = out.pop(label)
+    return out, y
+
+
+def assemble(flat: Sequence[Any], specs: Sequence[ColumnSpec], label: str | None) -> Any:
+    """Inverse of :func:`flatten` inside the graph: dict of tensors (and the label apart)."""
+    import tensorflow as tf
+
+    out: dict[str, Any] = {}
+    i = 0
+    for s in specs:
+        if s.is_ragged:
+            k = s.ragged_rank
+            out[s.name] = tf.RaggedTensor.from_nested_row_splits(
+                flat[i], list(flat[i + 1 : i + 1 + k]), validate=False
+            )
+            i += 1 + k
+        else:
+            out[s.name] = flat[i]
+            i += 1
+    if label is None:
+        return out
+    y = out.pop(label)
+    return out, y
+
+
+def validate_common(batch_size: Any, label: Any, columns: Any) -> None:
+    """Up-front checks shared by the pull readers."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    if label is not None and not isinstance(label, str):
+        raise ValueError(f"label must be a column name (str) or None, got {label!r}.")
+    if columns is not None:
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise ValueError(f"columns must be a list of column names, got {columns!r}.")
+        if len(set(columns)) != len(list(columns)):
+            raise ValueError(f"columns lists a name twice: {list(columns)!r}.")
+
+
+def parquet_dataset(
+    path_or_url: str | os.PathLike,
+    *,
+    columns: Sequence[str] | None = None,
+    batch_size: int = 1024,
+    label: str | None = None,
+    shard: Any = None,
+    filesystem: Any = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fill_values: Mapping[str, Any] | None = None,
+    prefetch: int | None = None,
+):
+    """A ``tf.data.Dataset`` of batches read from Parquet files with pyarrow.
+
+    Args:
+        path_or_url: a Parquet file or a directory of them: local path, ``file://``, ``s3://``
+            (endpoint and keys from the AWS variables, or ``filesystem=``) or ``hdfs://``.
+            Files whose names start with ``_`` or ``.`` are skipped.
+        columns: columns to read, in this order (default: all). Only these are decoded.
+        batch_size: rows per batch; every batch has exactly this many rows except the last.
+        label: a column to yield apart: batches become ``(features, label)``.
+        shard: ``None``, ``(index, count)`` or a node ``ctx``: read every ``count``-th file
+            starting at ``index`` (every ``count``-th row group when there are fewer files
+            than shards).
+        filesystem: a ``pyarrow.fs`` (or fsspec) filesystem to read with instead of the one the
+            URL implies.
+        shapes: declared per-row shapes for list columns (dense instead of ragged).
+        fill_values: per-column value for nulls (default: a null is a ``SchemaError``).
+        prefetch: batches to prefetch (default ``tf.data.AUTOTUNE``).
+
+    Returns:
+        A ``tf.data.Dataset`` of ``dict[str, tf.Tensor | tf.RaggedTensor]`` (or
+        ``(features, label)``). Each iteration reads the shard once, in file order.
+
+    Raises:
+        StorageError: the path does not exist or cannot be read (names the URL and the fix).
+        SchemaError: a missing column, a type TF cannot hold, schemas that differ between
+            files, or a null in a column without a fill value.
+    """
+    import tensorflow as tf
+
+    validate_common(batch_size, label, columns)
+    plan = plan_parquet(path_or_url, columns=columns, shard=shard, filesystem=filesystem)
+    wanted = list(columns) if columns is not None else list(plan.schema.names)
+    if label is not None and label not in wanted:
+        wanted.append(label)
+    try:
+        specs = column_specs(plan.schema, columns=wanted, shapes=shapes, fill_values=fill_values)
+    except SchemaError as exc:
+        raise SchemaError(f"{plan.location.url}: {exc}") from exc
+    check_representable(specs)
+    _check_nulls(plan.location, plan.files, plan.metadata, specs)
+    dense = not any(s.is_ragged for s in specs)
+    chunk = chunk_rows_for(plan.metadata, wanted, int(batch_size)) if dense else int(batch_size)
+    stream = _ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label)
+    if dense:
+        sig = signature(plan.schema, wanted, label, shapes)
+        ds = tf.data.Dataset.from_generator(stream, output_signature=sig)
+        ds = ds.rebatch(int(batch_size))
+    else:
+        ds = tf.data.Dataset.from_generator(stream, output_signature=flat_signature(specs))
+        ds = ds.map(lambda *flat: assemble(flat, specs, label))
+    opts = tf.data.Options()
+    # Sharding already happened by file/row group; distribution strategies must not redo it.
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = ds.with_options(opts)
+    return ds.prefetch(tf.data.AUTOTUNE if prefetch is None else prefetch)

@@ -1,0 +1,65 @@
+"""Which part of a data set one reader takes: ``None``, ``(index, count)`` or a node ``ctx``."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, TypeVar
+
+__all__ = ["Shard", "normalize_shard", "take_shard"]
+
+T = TypeVar("T")
+
+#: ``(index, count)``: this reader takes every ``count``-th unit starting at ``index``.
+Shard = tuple[int, int]
+
+
+def _as_int(value: Any, what: str, given: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"shard {what} must be an integer, got {value!r} (shard={given!r}).")
+    return int(value.__index__())
+
+
+def normalize_shard(shard: Any) -> Shard | None:
+    """Validate a ``shard=`` argument and return ``(index, count)`` or ``None``.
+
+    Args:
+        shard: ``None`` (read everything), ``(index, count)`` with ``0 <= index < count``, or a
+            node context: an object with ``num_workers`` and ``worker_index`` (preferred, the
+            index among the nodes that receive data) or ``index``.
+
+    Raises:
+        ValueError: the tuple is malformed or out of range, or the object lacks the attributes.
+    """
+    if shard is None:
+        return None
+    if isinstance(shard, (tuple, list)):
+        if len(shard) != 2:
+            raise ValueError(
+                f"shard must be (index, count), got {shard!r} with {len(shard)} item(s)."
+            )
+        index = _as_int(shard[0], "index", shard)
+        count = _as_int(shard[1], "count", shard)
+    elif hasattr(shard, "num_workers") and (hasattr(shard, "worker_index") or hasattr(shard, "index")):
+        raw_index = shard.worker_index if hasattr(shard, "worker_index") else shard.index
+        index = _as_int(raw_index, "index (ctx.worker_index / ctx.index)", shard)
+        count = _as_int(shard.num_workers, "count (ctx.num_workers)", shard)
+    else:
+        raise ValueError(
+            f"shard must be None, (index, count) or a node ctx with num_workers and "
+            f"worker_index/index; got {type(shard).__name__} {shard!r}."
+        )
+    if count < 1:
+        raise ValueError(f"shard count must be >= 1, got {count} (shard={shard!r}).")
+    if not 0 <= index < count:
+        raise ValueError(
+            f"shard index must be in [0, {count}), got {index} (shard={shard!r}). A ctx whose "
+            f"role receives no data (ps, evaluator) cannot read a training shard."
+        )
+    return index, count
+
+
+def take_shard(items: Sequence[T], shard: Shard | None) -> list[T]:
+    """Every ``count``-th item starting at ``index`` (all items when ``shard`` is ``None``)."""
+    if shard is None:
+        return list(items)
+    index, count = shard
+    return list(items[index::count])

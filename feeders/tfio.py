@@ -1,0 +1,127 @@
+"""Adapter: read Parquet with tensorflow-io's ``IODataset.from_parquet`` (compat stack).
+
+tensorflow-io 0.37.1 is the last release, built for TensorFlow 2.16; its ops fail to load on
+TensorFlow >= 2.18, so on any other stack :func:`tfio_parquet_dataset` raises
+:class:`~dataplane.errors.StackError` naming the compat stack.
+
+tensorflow-io reads one row at a time per file; this adapter concatenates the files, batches,
+and types the columns with :mod:`formats.schema` so the tensors match
+:func:`feeders.parquet_dataset`'s. Its Parquet reader only handles flat primitive columns, so
+list columns (fixed or variable length) and timestamps/dates are refused up front with a
+:class:`SchemaError` naming them. Paths are local (or any filesystem TensorFlow itself knows;
+``s3://`` goes through tensorflow-io's own S3 plugin, configured with its ``S3_*`` variables).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from dataplane.errors import SchemaError, StackError
+from feeders.parquet import plan_parquet, validate_common
+from feeders.shard import normalize_shard, take_shard
+from formats.schema import ColumnSpec, column_specs
+
+__all__ = ["tfio_parquet_dataset", "require_tfio", "tfio_unsupported"]
+
+COMPAT_HINT = (
+    "it needs the compat stack (TensorFlow 2.16 with tensorflow-io 0.37.1): run "
+    "`bash .ci/setup compat` and use .venvs/compat/bin/python, or pip install "
+    "'spark-tf-dataplane[tfio]' into an environment with tensorflow 2.16"
+)
+
+
+def require_tfio() -> Any:
+    """Import and return ``tensorflow_io``, or raise StackError naming the compat stack."""
+    import tensorflow as tf
+
+    major, minor = (int(x) for x in tf.__version__.split(".")[:2])
+    if (major, minor) >= (2, 18):
+        raise StackError(
+            f"feeders.tfio_parquet_dataset cannot run on TensorFlow {tf.__version__} "
+            f"(tensorflow-io 0.37.1's ops do not load on TF >= 2.18): {COMPAT_HINT}."
+        )
+    try:
+        import tensorflow_io
+    except ImportError as exc:
+        raise StackError(
+            f"feeders.tfio_parquet_dataset: tensorflow-io is not installed; {COMPAT_HINT}."
+        ) from exc
+    return tensorflow_io
+
+
+def tfio_unsupported(schema: pa.Schema, specs: Sequence[ColumnSpec]) -> dict[str, str]:
+    """``{column: why tensorflow-io cannot carry it}`` (empty when all can)."""
+    out = {}
+    for s in specs:
+        t = schema.field(s.name).type
+        if s.shape:
+            out[s.name] = f"tensorflow-io's Parquet reader only reads flat columns, not {t}"
+        elif pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_dictionary(t):
+            out[s.name] = f"tensorflow-io's Parquet reader has no mapping for {t}"
+    return out
+
+
+def tfio_parquet_dataset(
+    path: str | os.PathLike,
+    *,
+    batch_size: int = 1024,
+    columns: Sequence[str] | None = None,
+    label: str | None = None,
+    shard: Any = None,
+    **kw: Any,
+):
+    """A ``tf.data.Dataset`` of batches read by ``tensorflow_io.IODataset.from_parquet``.
+
+    Args:
+        path: a Parquet file or directory (local; ``s3://`` through tensorflow-io's plugin).
+        batch_size: rows per batch (the last may be short).
+        columns: columns to read (default: all); list columns cannot be read (module doc).
+        label: a column to yield apart: ``(features, label)``.
+        shard: ``None``, ``(index, count)`` or a node ctx: by file.
+        **kw: passed to ``IODataset.from_parquet``.
+
+    Raises:
+        StackError: tensorflow-io cannot run on this stack (names the compat stack).
+        SchemaError: a selected column tensorflow-io cannot carry (names it and why).
+    """
+    tfio = require_tfio()
+    import tensorflow as tf
+
+    validate_common(batch_size, label, columns)
+    shard_t = normalize_shard(shard)
+    plan = plan_parquet(path, columns=columns)
+    wanted = list(columns) if columns is not None else list(plan.schema.names)
+    if label is not None and label not in wanted:
+        wanted.append(label)
+    specs = column_specs(plan.schema, columns=wanted)
+    bad = tfio_unsupported(plan.schema, specs)
+    if bad:
+        raise SchemaError(
+            f"tfio_parquet_dataset({plan.location.url}): "
+            + "; ".join(f"column {k!r}: {v}" for k, v in bad.items())
+            + ". Leave these out (columns=...) or read with feeders.parquet_dataset, which "
+            "carries every type."
+        )
+    files = take_shard(plan.files, shard_t) if shard_t else plan.files
+    names = [plan.location.display(f) for f in files]
+    parts = [tfio.IODataset.from_parquet(n, columns=wanted, **kw) for n in names]
+    rows = parts[0]
+    for p in parts[1:]:
+        rows = rows.concatenate(p)
+    targets = {s.name: tf.string if s.dtype == "string" else tf.as_dtype(s.dtype) for s in specs}
+
+    def shape(batch):
+        out = {}
+        for name in wanted:
+            t = batch[name]
+            out[name] = t if t.dtype == targets[name] else tf.cast(t, targets[name])
+        if label is None:
+            return out
+        y = out.pop(label)
+        return out, y
+
+    ds = rows.batch(int(batch_size)).map(shape, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,25 @@
+"""Fixtures for the pull readers: a real S3 server (SeaweedFS) for the whole session."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.s3server import S3Server, start_s3_server
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> S3Server:
+    """A SeaweedFS S3 endpoint on a free loopback port (or DATAPLANE_TEST_S3_ENDPOINT's)."""
+    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch) -> S3Server:
+    """Point the standard AWS variables at the test server for one test."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    return s3_server
