@@ -29,7 +29,7 @@ from formats.schema import ColumnSpec, column_array, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
 from formats.tfrecord import compression_suffix, normalize_compression
 
-__all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema"]
+__all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +228,13 @@ class _Progress:
             except Exception:  # noqa: BLE001
                 pass
             self.sc.setLocalProperty("spark.jobGroup.id", self._prev_group)  # type: ignore[union-attr]
+
+
+def job_progress(spark: Any, callback: Callable[[int, int], None] | None) -> _Progress:
+    """Context manager: Spark jobs started inside it report (tasks done, tasks total) to
+    ``callback`` from a polling thread (classic Spark; a no-op under Spark Connect or with no
+    callback)."""
+    return _Progress(spark, callback)
 
 
 def _resolve(path: str | os.PathLike, filesystem: Any) -> Any:

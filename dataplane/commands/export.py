@@ -1,0 +1,262 @@
+"""``dataplane export SRC DST --to tfrecord|parquet``: convert a dataset as a Spark job.
+
+Runs on an embedded local Spark (``local[*]``, UI off, binding ``SPARK_LOCAL_IP`` when set) or on
+``--master``. A progress bar goes to stderr when it is a terminal; a one-line summary (rows,
+files, bytes, seconds, rows/s) goes to stdout. A bad SRC (missing, empty, a column type TF cannot
+hold) is reported on stderr with a non-zero exit, and no output is left behind.
+
+Nothing heavy is imported at module import: Spark loads in :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+_EXIT_USAGE = 2
+_EXIT_FAILED = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``dataplane export``'s options on ``parser``."""
+    parser.description = (
+        "Convert SRC (a Parquet dataset, or TFRecords written by this tool) to DST as TFRecord "
+        "files of tf.train.Example plus a _tf_schema.json, or as Parquet. Paths may be local, "
+        "file://, s3:// or hdfs:// URLs."
+    )
+    parser.add_argument("src", metavar="SRC", help="source dataset (file or directory)")
+    parser.add_argument("dst", metavar="DST", help="output directory (must not exist or be empty)")
+    parser.add_argument("--to", choices=["tfrecord", "parquet"], required=True, help="output format")
+    parser.add_argument("--from", dest="source_format", choices=["auto", "parquet", "tfrecord"],
+                        default="auto",
+                        help="SRC format (default auto: TFRecord when SRC holds a _tf_schema.json "
+                             "or *.tfrecord* files, else Parquet)")
+    parser.add_argument("--compression", default=None,
+                        help="tfrecord: gzip or zlib (default none); parquet: snappy (default), "
+                             "gzip, zstd or none")
+    parser.add_argument("--num-files", type=int, default=None, metavar="N",
+                        help="write N files (repartitions; default one per partition)")
+    parser.add_argument("--master", default=None, metavar="URL",
+                        help="Spark master (default: embedded local[*]); sc://host:port uses "
+                             "Spark Connect")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
+    parser.add_argument("--flatten-structs", action="store_true",
+                        help="write struct columns as 'parent.child' features")
+
+
+def _fail(message: str, code: int = _EXIT_USAGE) -> int:
+    print(f"dataplane export: error: {message}", file=sys.stderr)
+    return code
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+class _Bar:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.drawn = False
+        self.started = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.tty or total <= 0:
+            return
+        width = 30
+        filled = int(width * done / total)
+        secs = time.perf_counter() - self.started
+        sys.stderr.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tasks {secs:5.1f}s"
+        )
+        sys.stderr.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _spark(master: str | None) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("dataplane-export")
+    if master and master.startswith("sc://"):
+        return builder.remote(master).getOrCreate()
+    # Executors' Python must be this interpreter (the one with pyarrow and this package); the
+    # CLI owns its process, so setting the variable PySpark reads is fine here.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = builder.master(master or "local[*]").config("spark.ui.enabled", "false")
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if local_ip:
+        builder = builder.config("spark.driver.host", local_ip).config(
+            "spark.driver.bindAddress", local_ip
+        )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _is_tfrecord_source(loc: Any) -> bool:
+    from pyarrow import fs as pafs
+
+    from formats.schemafile import SCHEMA_FILE_NAME
+
+    info = loc.filesystem.get_file_info(loc.path)
+    if info.type == pafs.FileType.File:
+        return ".tfrecord" in os.path.basename(loc.path)
+    if loc.filesystem.get_file_info(f"{loc.path.rstrip('/')}/{SCHEMA_FILE_NAME}").type == pafs.FileType.File:
+        return True
+    entries = loc.filesystem.get_file_info(pafs.FileSelector(loc.path))
+    return any(".tfrecord" in os.path.basename(e.path) for e in entries)
+
+
+def _spark_error_text(exc: BaseException) -> str:
+    """The useful line of a Spark/py4j error: the Python exception raised in a task if any."""
+    text = str(exc)
+    if "Traceback (most recent call last)" in text:
+        tail = text.split("Traceback (most recent call last)", 1)[1].splitlines()
+        errs = [ln for ln in tail if ln.strip() and not ln[0].isspace() and not ln.startswith("\tat")]
+        errs = [ln.split(" SQLSTATE")[0] for ln in errs if not ln.startswith(("SQLSTATE", "JVM"))]
+        if errs:
+            text = errs[-1] if ":" in errs[-1] else "\n".join(errs)
+    for marker in ("SchemaError: ", "RecordError: ", "StorageError: "):
+        if marker in text:
+            return marker + text.split(marker, 1)[1].strip().splitlines()[0]
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _remove_output(loc: Any, created: bool) -> None:
+    try:
+        if created:
+            loc.filesystem.delete_dir(loc.path)
+    except (OSError, FileNotFoundError):
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the export; returns the process exit code."""
+    from pyarrow import fs as pafs
+
+    from dataplane.errors import DataplaneError, StorageError
+    from feeders.fs import resolve
+
+    if args.num_files is not None and args.num_files < 1:
+        return _fail(f"--num-files must be at least 1, got {args.num_files}.")
+    try:
+        src = resolve(args.src)
+        dst = resolve(args.dst)
+        if src.filesystem.get_file_info(src.path).type == pafs.FileType.NotFound:
+            return _fail(f"SRC {args.src} does not exist; check the path.")
+        dst_info = dst.filesystem.get_file_info(dst.path)
+        if dst_info.type == pafs.FileType.File:
+            return _fail(f"DST {args.dst} is a file; give a directory path.")
+        dst_created = dst_info.type == pafs.FileType.NotFound
+        if not dst_created and dst.filesystem.get_file_info(pafs.FileSelector(dst.path)) and not args.overwrite:
+            return _fail(f"DST {args.dst} exists and is not empty; choose a new path or pass --overwrite.")
+        source_format = args.source_format
+        if source_format == "auto":
+            source_format = "tfrecord" if _is_tfrecord_source(src) else "parquet"
+        if args.to == "tfrecord":
+            from formats.tfrecord import normalize_compression
+
+            compression = normalize_compression(args.compression)
+        else:
+            compression = (args.compression or "snappy").lower()
+            if compression not in ("snappy", "gzip", "zstd", "none", "uncompressed", "lz4"):
+                return _fail(f"--compression {args.compression!r} is not a Parquet codec; use "
+                             f"snappy, gzip, zstd or none.")
+    except (DataplaneError, ValueError) as exc:
+        return _fail(str(exc))
+
+    started = time.perf_counter()
+    spark = _spark(args.master)
+    try:
+        return _export(spark, args, src, dst, dst_created, source_format, compression, started)
+    finally:
+        if not (args.master or "").startswith("sc://"):
+            spark.stop()
+
+
+def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_created: bool,
+            source_format: str, compression: Any, started: float) -> int:
+    import formats
+    from dataplane.errors import DataplaneError
+    from formats.export import job_progress
+
+    try:
+        if source_format == "tfrecord":
+            df = formats.read_tfrecords(spark, args.src)
+        else:
+            df = spark.read.parquet(args.src)
+        if not df.columns:
+            return _fail(f"SRC {args.src} has no columns.")
+        if df.isEmpty():
+            return _fail(f"SRC {args.src} has no rows; there is nothing to export.")
+    except DataplaneError as exc:
+        return _fail(f"cannot read SRC {args.src}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
+        return _fail(f"cannot read SRC {args.src} as {source_format}: {_spark_error_text(exc)}")
+
+    bar = _Bar(f"export -> {args.to}")
+    try:
+        if args.to == "tfrecord":
+            res = formats.write_tfrecords(
+                df, args.dst, compression=compression, num_files=args.num_files,
+                mode="overwrite" if args.overwrite else "error",
+                flatten_structs=args.flatten_structs, progress=bar,
+            )
+            rows, files, nbytes = res.rows, res.files, res.bytes
+        else:
+            out = df.repartition(args.num_files) if args.num_files else df
+            with job_progress(spark, bar):
+                out.write.mode("overwrite" if args.overwrite else "errorifexists").option(
+                    "compression", "none" if compression == "uncompressed" else compression
+                ).parquet(args.dst)
+            rows, files, nbytes = _parquet_stats(dst)
+    except DataplaneError as exc:
+        bar.close()
+        _remove_output(dst, dst_created)
+        return _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a failed Spark job
+        bar.close()
+        _remove_output(dst, dst_created)
+        return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
+    bar.close()
+    secs = time.perf_counter() - started
+    print(
+        f"exported {rows:,} rows from {args.src} to {args.dst} ({args.to}): {files} files, "
+        f"{_human_bytes(nbytes)} in {secs:.1f} s ({rows / secs if secs else 0:,.0f} rows/s)"
+    )
+    return 0
+
+
+def _parquet_stats(loc: Any) -> tuple[int, int, int]:
+    """(rows, files, bytes) of the Parquet files just written, from their footers."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    rows = files = nbytes = 0
+    for entry in loc.filesystem.get_file_info(pafs.FileSelector(loc.path, recursive=True)):
+        name = os.path.basename(entry.path)
+        if entry.type != pafs.FileType.File or name.startswith(("_", ".")):
+            continue
+        with loc.filesystem.open_input_file(entry.path) as f:
+            rows += pq.ParquetFile(f).metadata.num_rows
+        files += 1
+        nbytes += entry.size or 0
+    return rows, files, nbytes
