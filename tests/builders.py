@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = [
+    "all_types_table",
     "numeric_table",
     "mnist_like_table",
     "row_checksum",
@@ -176,3 +177,48 @@ def digits_table(rows: int | None = None) -> pa.Table:
             "label": d.target[:n].astype(np.int64),
         }
     )
+
+
+def all_types_table(rows: int = 200, *, spark_types_only: bool = False) -> pa.Table:
+    """One column per Arrow type the TF mapping supports, with nulls where the null rule allows.
+
+    ``id`` is 0..rows-1. Row values are deterministic functions of the id. With
+    ``spark_types_only`` the columns Spark cannot read back as the same type (unsigned ints,
+    float16, large_*, dictionary, fixed_size_list) are left out.
+    """
+    ids = np.arange(rows, dtype=np.int64)
+    every = lambda k: ids % k == 0  # noqa: E731
+    def col(values, t, null_every=None):
+        mask = every(null_every) if null_every else None
+        return pa.array(values, type=t, mask=mask)
+    cols: dict[str, pa.Array] = {
+        "id": pa.array(ids),
+        "i8": col((ids % 200 - 100).astype(np.int8), pa.int8(), 7),
+        "i16": col((ids * 37 % 60000 - 30000).astype(np.int16), pa.int16()),
+        "i32": col((ids * 1_000_003 % 2**31).astype(np.int32) - 2**30, pa.int32(), 5),
+        "i64": col(ids * -(2**40) + 3, pa.int64()),
+        "f32": col((ids / 7).astype(np.float32), pa.float32(), 6),
+        "f64": col(ids * 0.125 - 3.0, pa.float64()),  # exact in float32
+        "flag": col(ids % 3 == 0, pa.bool_(), 11),
+        "text": col([f"row-{i}-é" for i in ids], pa.string(), 4),
+        "blob": col([bytes([i % 256, 0, 255]) * (i % 4) for i in ids], pa.binary()),
+        "ts": col(ids * 1_000_001 + 1_700_000_000_000_000, pa.timestamp("us", tz="UTC"), 9),
+        "day": col((ids + 19_000).astype(np.int32), pa.date32()),
+        "vec": pa.array([[float(i), -float(i)][: i % 3] for i in ids], pa.list_(pa.float32()),
+                        mask=every(13)),
+        "nested": pa.array([[[int(i)] * (i % 2), [int(i), 1]] for i in ids],
+                           pa.list_(pa.list_(pa.int64()))),
+        "words": pa.array([["a", "bb", "ccc"][: i % 4] for i in ids], pa.list_(pa.string())),
+    }
+    if not spark_types_only:
+        cols.update({
+            "u8": pa.array((ids % 256).astype(np.uint8)),
+            "u64": pa.array((ids.astype(np.uint64) * np.uint64(2**60))),
+            "f16": pa.array((ids % 10).astype(np.float16)),
+            "ltext": pa.array([f"L{i}" for i in ids], pa.large_string()),
+            "lblob": pa.array([bytes([i % 256]) for i in ids], pa.large_binary()),
+            "lvec": pa.array([[int(i)] * (i % 3) for i in ids], pa.large_list(pa.int32())),
+            "fixed": pa.array([[float(i)] * 3 for i in ids], pa.list_(pa.float32(), 3)),
+            "cat": pa.array([["x", "y", "z"][i % 3] for i in ids]).dictionary_encode(),
+        })
+    return pa.table(cols)
