@@ -123,6 +123,27 @@ class _PetastormBatches:
                 yield self._convert(batch)
 
 
+def _reader_location(loc: Any, filesystem: Any) -> tuple[str, Any]:
+    """The URL (and filesystem) to hand Petastorm for a resolved location."""
+    if loc.scheme == "file":
+        return "file://" + loc.path, None
+    if filesystem is not None:
+        # Petastorm 0.13.1 only drives legacy pyarrow.filesystem / fsspec objects.
+        return f"file:///{loc.path.lstrip('/')}", filesystem
+    if loc.scheme == "s3":
+        try:
+            import s3fs  # noqa: F401 - Petastorm opens s3:// through s3fs
+        except ImportError as exc:
+            raise StackError(
+                f"petastorm_dataset({loc.url}): Petastorm reads s3:// only through s3fs, which "
+                f"is not installed (Petastorm 0.13.1 cannot use pyarrow.fs.S3FileSystem). "
+                f"pip install s3fs into the compat environment, or read the data with "
+                f"feeders.parquet_dataset."
+            ) from exc
+        return loc.url, None
+    return loc.url, None  # hdfs://: Petastorm's own HDFS resolver
+
+
 def petastorm_dataset(
     url: str | os.PathLike,
     *,
@@ -137,16 +158,16 @@ def petastorm_dataset(
     """A ``tf.data.Dataset`` of batches read by Petastorm's ``make_batch_reader`` (compat stack).
 
     Args:
-        url: a Parquet file or directory: local path, ``file://`` or ``s3://`` (passed to
-            Petastorm with a ``pyarrow.fs`` filesystem configured like
-            :func:`feeders.parquet_dataset`'s, or ``filesystem=``).
+        url: a Parquet file or directory: local path or ``file://``; ``s3://`` and
+            ``hdfs://`` go through Petastorm's own resolvers (s3fs, libhdfs3), so s3fs must be
+            installed for ``s3://`` (it is not on the compat stack).
         batch_size: rows per batch (exact; the last may be short).
         columns: columns to read (default: all). See the module doc for what Petastorm cannot
             carry.
         label: a column to yield apart: ``(features, label)``.
         shard: ``None``, ``(index, count)`` or a node ctx; Petastorm shards by row group.
         shapes: per-row shapes for list columns (Petastorm needs them for any list).
-        filesystem: a ``pyarrow.fs`` filesystem to read with.
+        filesystem: an fsspec filesystem for Petastorm to read with.
         **kw: passed to ``petastorm.make_batch_reader`` (``workers_count``, ``reader_pool_type``,
             ``shuffle_row_groups``...).
 
@@ -173,10 +194,7 @@ def petastorm_dataset(
             "carries every type."
         )
     loc = resolve(url, filesystem=filesystem)
-    if loc.scheme == "file":
-        reader_url, fs = "file://" + loc.path, None
-    else:
-        reader_url, fs = f"file://{'/' if not loc.path.startswith('/') else ''}{loc.path}", loc.filesystem
+    reader_url, fs = _reader_location(loc, filesystem)
     stream = _PetastormBatches(reader_url, specs, shard_t, fs, dict(kw))
     signature = tf_spec(plan.schema, columns=wanted, shapes=shapes)
     ds = tf.data.Dataset.from_generator(stream, output_signature=signature)

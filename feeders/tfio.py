@@ -8,8 +8,9 @@ tensorflow-io reads one row at a time per file; this adapter concatenates the fi
 and types the columns with :mod:`formats.schema` so the tensors match
 :func:`feeders.parquet_dataset`'s. Its Parquet reader only handles flat primitive columns, so
 list columns (fixed or variable length) and timestamps/dates are refused up front with a
-:class:`SchemaError` naming them. Paths are local (or any filesystem TensorFlow itself knows;
-``s3://`` goes through tensorflow-io's own S3 plugin, configured with its ``S3_*`` variables).
+:class:`SchemaError` naming them. Only local paths: through its own S3 plugin, tensorflow-io's
+Parquet reader aborts the process (seen against a real S3 server), so remote URLs are refused
+with a :class:`StorageError` before anything is read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StackError
+from dataplane.errors import SchemaError, StackError, StorageError
 from feeders.parquet import plan_parquet, validate_common
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
@@ -76,7 +77,7 @@ def tfio_parquet_dataset(
     """A ``tf.data.Dataset`` of batches read by ``tensorflow_io.IODataset.from_parquet``.
 
     Args:
-        path: a Parquet file or directory (local; ``s3://`` through tensorflow-io's plugin).
+        path: a local Parquet file or directory.
         batch_size: rows per batch (the last may be short).
         columns: columns to read (default: all); list columns cannot be read (module doc).
         label: a column to yield apart: ``(features, label)``.
@@ -104,6 +105,13 @@ def tfio_parquet_dataset(
             + "; ".join(f"column {k!r}: {v}" for k, v in bad.items())
             + ". Leave these out (columns=...) or read with feeders.parquet_dataset, which "
             "carries every type."
+        )
+    if plan.location.scheme != "file":
+        raise StorageError(
+            f"tfio_parquet_dataset({plan.location.url}): only local files are supported. "
+            f"tensorflow-io 0.37.1's Parquet reader aborts the whole process (an uncaught "
+            f"parquet::ParquetException) when reading through its S3 plugin. Copy the files "
+            f"locally or read them with feeders.parquet_dataset."
         )
     files = take_shard(plan.files, shard_t) if shard_t else plan.files
     names = [plan.location.display(f) for f in files]

@@ -299,6 +299,7 @@ def tfrecord_dataset(
 
     validate_common(batch_size, label, columns)
     shard_t = normalize_shard(shard)
+    normalize_compression(compression)
     plan = plan_tfrecord(
         path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
     )

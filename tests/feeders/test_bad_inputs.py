@@ -1,0 +1,269 @@
+"""Bad inputs to the pull readers: each gives an error that names the file/column and the fix."""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import feeders
+from dataplane.errors import RecordError, SchemaError, StorageError
+from tests.builders import numeric_table, write_tfrecord_files
+
+ROWS = 40
+
+
+def _record_offsets(path: Path) -> list[int]:
+    """Byte offset of every record in an uncompressed TFRecord file."""
+    raw = path.read_bytes()
+    offsets, pos = [], 0
+    while pos < len(raw):
+        offsets.append(pos)
+        (length,) = struct.unpack_from("<Q", raw, pos)
+        pos += 16 + length
+    return offsets
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """One good TFRecord file of numeric rows, its record offsets, and its table's schema."""
+    root = tmp_path_factory.mktemp("records")
+    table = numeric_table(ROWS).select(["id", "f0", "label"])
+    (path,) = write_tfrecord_files(table, root / "good")
+    return path, _record_offsets(path), table.schema
+
+
+def _copy(src: Path, dst_dir: Path, data: bytes) -> Path:
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    dst = dst_dir / src.name
+    dst.write_bytes(data)
+    return dst
+
+
+def _corrupt(records, tmp_path: Path) -> tuple[Path, int]:
+    path, offsets, _ = records
+    raw = bytearray(path.read_bytes())
+    bad = offsets[3]
+    raw[bad + 14] ^= 0xFF  # a data byte of record 3: its data CRC no longer matches
+    return _copy(path, tmp_path / "corrupt", bytes(raw)), bad
+
+
+def _truncate(records, tmp_path: Path) -> tuple[Path, int]:
+    path, offsets, _ = records
+    raw = path.read_bytes()
+    last = offsets[-1]
+    return _copy(path, tmp_path / "truncated", raw[: last + 20]), last
+
+
+# --------------------------------------------------------------------------- corrupt / truncated
+
+
+def test_corrupt_crc_is_found_while_sampling_the_schema(records, tmp_path):
+    bad_file, offset = _corrupt(records, tmp_path)
+    with pytest.raises(RecordError, match=rf"{bad_file}: corrupt record at byte offset {offset}: "
+                                          r"the CRC of its \d+ data bytes does not match"):
+        feeders.tfrecord_dataset(bad_file.parent)
+
+
+def test_corrupt_crc_in_the_local_pipeline_is_tensorflows_data_loss(records, tmp_path):
+    import tensorflow as tf
+
+    bad_file, offset = _corrupt(records, tmp_path)
+    ds = feeders.tfrecord_dataset(bad_file.parent, schema=records[2], batch_size=8)
+    # TensorFlow's reader names the offset of the record's data (after the 12-byte header),
+    # and not the file: that part of the check is TensorFlow's own.
+    with pytest.raises(tf.errors.DataLossError, match=f"corrupted record at {offset + 12}"):
+        list(ds)
+
+
+@pytest.mark.s3
+def test_corrupt_crc_from_s3_names_the_object_and_offset(records, tmp_path, s3_env):
+    import tensorflow as tf
+
+    bad_file, offset = _corrupt(records, tmp_path)
+    bucket = s3_env.make_bucket()
+    url = s3_env.upload_dir(bad_file.parent, bucket, "corrupt")
+    ds = feeders.tfrecord_dataset(url, schema=records[2], batch_size=8)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"RecordError: {url}/{bad_file.name}: corrupt record at byte offset {offset}",
+    ):
+        list(ds)
+
+
+def test_truncated_record_is_found_while_sampling(records, tmp_path):
+    bad_file, offset = _truncate(records, tmp_path)
+    with pytest.raises(RecordError, match=rf"{bad_file}: truncated record at byte offset {offset}: "
+                                          r"it declares \d+ data bytes but the file ends after 8 of them"):
+        feeders.tfrecord_dataset(bad_file.parent)
+
+
+def test_truncated_record_in_the_local_pipeline(records, tmp_path):
+    import tensorflow as tf
+
+    bad_file, offset = _truncate(records, tmp_path)
+    ds = feeders.tfrecord_dataset(bad_file.parent, schema=records[2], batch_size=8)
+    with pytest.raises(tf.errors.DataLossError, match=f"truncated record at {offset}"):
+        list(ds)
+
+
+# --------------------------------------------------------------------------- empty / missing
+
+
+def test_empty_tfrecord_file_cannot_give_a_schema(tmp_path):
+    (tmp_path / "part-00000.tfrecord").write_bytes(b"")
+    with pytest.raises(SchemaError, match=r"no records to infer a schema from: every file is empty"
+                                          r".*part-00000\.tfrecord.*Pass schema="):
+        feeders.tfrecord_dataset(tmp_path)
+
+
+def test_empty_tfrecord_file_with_a_schema_reads_as_no_rows(records, tmp_path):
+    (tmp_path / "part-00000.tfrecord").write_bytes(b"")
+    assert list(feeders.tfrecord_dataset(tmp_path, schema=records[2])) == []
+
+
+def test_empty_parquet_file(tmp_path):
+    (tmp_path / "part-00000.parquet").write_bytes(b"")
+    with pytest.raises(StorageError, match=r"part-00000\.parquet is not a readable Parquet file"):
+        feeders.parquet_dataset(tmp_path)
+
+
+def test_nonexistent_local_path(tmp_path):
+    missing = tmp_path / "nope"
+    for reader in (feeders.parquet_dataset, feeders.tfrecord_dataset):
+        with pytest.raises(StorageError, match=rf"{missing} does not exist"):
+            reader(missing)
+
+
+def test_directory_without_data_files(tmp_path):
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(StorageError, match="is a directory with no data files"):
+        feeders.parquet_dataset(tmp_path)
+
+
+def test_missing_column(records, tmp_path):
+    pq.write_table(numeric_table(10), tmp_path / "a.parquet")
+    with pytest.raises(SchemaError, match=r"column 'nope' is not in the data; the columns are"):
+        feeders.parquet_dataset(tmp_path, columns=["id", "nope"])
+    with pytest.raises(SchemaError, match=r"column 'nope' is not in the records; the columns are"):
+        feeders.tfrecord_dataset(records[0].parent, columns=["id", "nope"])
+    with pytest.raises(SchemaError, match=r"column 'nope' is not in the data"):
+        feeders.parquet_dataset(tmp_path, label="nope")
+
+
+# --------------------------------------------------------------------------- types and schemas
+
+
+def test_unsupported_column_types(tmp_path):
+    pq.write_table(
+        pa.table({"id": [1, 2], "price": pa.array([Decimal("1.50"), Decimal("2.25")])}),
+        tmp_path / "dec.parquet",
+    )
+    with pytest.raises(SchemaError, match=r"column 'price'.*decimal.*TensorFlow has no decimal type"
+                                          r".*cast\('double'\)"):
+        feeders.parquet_dataset(tmp_path)
+    other = tmp_path / "struct"
+    other.mkdir()
+    pq.write_table(pa.table({"id": [1], "s": [{"a": 1, "b": "x"}]}), other / "s.parquet")
+    with pytest.raises(SchemaError, match=r"column 's' is a struct.*df\.select\('s\.\*'\)"):
+        feeders.parquet_dataset(other)
+    # Leaving the column out is the fix.
+    assert next(iter(feeders.parquet_dataset(other, columns=["id"])))["id"].numpy().tolist() == [1]
+
+
+def test_schema_differing_between_files(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2], "x": [1, 2]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"id": [3, 4], "x": ["a", "b"]}), tmp_path / "part-1.parquet")
+    with pytest.raises(SchemaError, match=rf"column 'x' has type int64 in {tmp_path}/part-0\.parquet "
+                                          rf"but string in {tmp_path}/part-1\.parquet"):
+        feeders.parquet_dataset(tmp_path)
+    (tmp_path / "part-1.parquet").unlink()
+    pq.write_table(pa.table({"id": [5]}), tmp_path / "part-2.parquet")
+    with pytest.raises(SchemaError, match=r"column 'x' is in .*part-0\.parquet but missing from "
+                                          r".*part-2\.parquet"):
+        feeders.parquet_dataset(tmp_path, columns=["x"])
+
+
+def test_null_in_a_dense_parquet_column(tmp_path):
+    pq.write_table(
+        pa.table({"id": [0, 1, 2], "x": pa.array([1.5, None, 3.0], pa.float32())}),
+        tmp_path / "nulls.parquet",
+    )
+    with pytest.raises(SchemaError, match=rf"column 'x' has 1 null value\(s\) in row group 0 of "
+                                          rf"{tmp_path}/nulls\.parquet.*fill_values="):
+        feeders.parquet_dataset(tmp_path)
+    batch = next(iter(feeders.parquet_dataset(tmp_path, fill_values={"x": -1.0})))
+    assert batch["x"].numpy().tolist() == [1.5, -1.0, 3.0]
+
+
+def test_null_in_a_dense_tfrecord_column(tmp_path):
+    import tensorflow as tf
+
+    table = pa.table({"id": [0, 1, 2], "x": pa.array([1.5, None, 3.0], pa.float32())})
+    write_tfrecord_files(table, tmp_path)  # the null is an absent feature
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Feature: x .* is required but could "
+                                                            r"not be found"):
+        list(feeders.tfrecord_dataset(tmp_path, schema=table.schema))
+    batch = next(iter(feeders.tfrecord_dataset(tmp_path, schema=table.schema, fill_values={"x": -1.0})))
+    assert batch["x"].numpy().tolist() == [1.5, -1.0, 3.0]
+
+
+def test_bad_arguments(tmp_path):
+    pq.write_table(numeric_table(4), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        feeders.parquet_dataset(tmp_path, batch_size=0)
+    with pytest.raises(ValueError, match=r"shard index must be in \[0, 2\), got 2"):
+        feeders.parquet_dataset(tmp_path, shard=(2, 2))
+    with pytest.raises(ValueError, match="columns must be a list of column names"):
+        feeders.tfrecord_dataset(tmp_path, columns="id")
+    with pytest.raises(ValueError, match="unknown TFRecord compression 'LZ4'"):
+        feeders.tfrecord_dataset(tmp_path, compression="LZ4")
+
+
+# --------------------------------------------------------------------------- remote stores
+
+
+@pytest.mark.s3
+def test_wrong_s3_credentials_are_refused(s3_server, tmp_path, monkeypatch):
+    bucket = s3_server.make_bucket()
+    pq.write_table(numeric_table(10), tmp_path / "a.parquet")
+    url = s3_server.upload_dir(tmp_path, bucket, "data")
+    for key, value in s3_server.env(secret_key="not-the-secret").items():
+        monkeypatch.setenv(key, value)
+    for reader in (feeders.parquet_dataset, feeders.tfrecord_dataset):
+        with pytest.raises(StorageError, match=rf"cannot read {url}: .*ACCESS_DENIED.*refused the "
+                                               r"credentials: check AWS_ACCESS_KEY_ID"):
+            reader(url)
+
+
+@pytest.mark.s3
+def test_nonexistent_s3_key(s3_env):
+    bucket = s3_env.make_bucket()
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/nothing/here does not exist"):
+        feeders.parquet_dataset(f"s3://{bucket}/nothing/here")
+
+
+def test_hdfs_without_libhdfs(monkeypatch):
+    for var in ("ARROW_LIBHDFS_DIR", "HADOOP_HOME", "JAVA_HOME", "CLASSPATH"):
+        monkeypatch.delenv(var, raising=False)
+    for reader in (feeders.parquet_dataset, feeders.tfrecord_dataset):
+        with pytest.raises(StorageError) as info:
+            reader("hdfs://namenode:8020/data/train")
+        msg = str(info.value)
+        assert "cannot open hdfs://namenode:8020/data/train" in msg
+        assert "ARROW_LIBHDFS_DIR" in msg and "HADOOP_HOME" in msg
+        assert "JAVA_HOME is not set" in msg
+        assert "export CLASSPATH=$(hadoop classpath --glob)" in msg
+
+
+def test_values_survive_the_error_paths(tmp_path):
+    """After all that: a clean file reads back exactly (guards against over-eager checks)."""
+    table = numeric_table(50)
+    pq.write_table(table, tmp_path / "ok.parquet", row_group_size=7)
+    got = np.concatenate([b["id"].numpy() for b in feeders.parquet_dataset(tmp_path, batch_size=16)])
+    assert got.tolist() == list(range(50))

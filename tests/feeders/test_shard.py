@@ -1,0 +1,89 @@
+"""shard= for the pull readers: parsing, and that the shards partition the rows exactly."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import feeders
+from feeders.shard import normalize_shard, take_shard
+from tests.builders import numeric_table, row_checksum, write_parquet_files, write_tfrecord_files
+
+
+def test_normalize_shard_forms():
+    assert normalize_shard(None) is None
+    assert normalize_shard((1, 3)) == (1, 3)
+    assert normalize_shard([0, 1]) == (0, 1)
+    assert normalize_shard((np.int64(2), np.int32(4))) == (2, 4)
+    ctx = SimpleNamespace(role="worker", index=2, worker_index=1, num_workers=3)
+    assert normalize_shard(ctx) == (1, 3)  # worker_index wins over index
+    assert normalize_shard(SimpleNamespace(index=2, num_workers=3)) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("shard", "message"),
+    [
+        ((3, 3), r"shard index must be in \[0, 3\), got 3"),
+        ((-1, 3), r"shard index must be in \[0, 3\), got -1"),
+        ((0, 0), "shard count must be >= 1, got 0"),
+        ((0, 1, 2), r"shard must be \(index, count\), got \(0, 1, 2\) with 3 item"),
+        ((True, 2), "shard index must be an integer, got True"),
+        ((0.5, 2), "shard index must be an integer, got 0.5"),
+        ("0/2", "shard must be None, \\(index, count\\) or a node ctx"),
+        (SimpleNamespace(index=0), "shard must be None"),
+        (SimpleNamespace(index=4, num_workers=2), r"got 4 .*ps, evaluator"),
+    ],
+)
+def test_normalize_shard_errors(shard, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_shard(shard)
+
+
+def test_take_shard():
+    assert take_shard(list("abcde"), (1, 2)) == ["b", "d"]
+    assert take_shard(list("abc"), None) == ["a", "b", "c"]
+
+
+def _ids(ds) -> np.ndarray:
+    return np.concatenate([b["id"].numpy() for b in ds]) if ds is not None else np.array([])
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    table = numeric_table(240).select(["id", "f0"])
+    write_parquet_files(table, root / "pq3", files=3)  # enough files: shard by file
+    write_parquet_files(table, root / "pq1", files=1, row_group_size=50)  # 5 row groups
+    write_tfrecord_files(table, root / "tf3", files=3)
+    write_tfrecord_files(table, root / "tf1", files=1)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("reader", "name"),
+    [
+        (feeders.parquet_dataset, "pq3"),
+        (feeders.parquet_dataset, "pq1"),
+        (feeders.tfrecord_dataset, "tf3"),
+        (feeders.tfrecord_dataset, "tf1"),
+    ],
+)
+def test_shards_partition_the_rows(reader, name, sharded):
+    parts = [_ids(reader(sharded / name, batch_size=32, shard=(i, 2))) for i in range(2)]
+    assert all(len(p) for p in parts)
+    both = np.concatenate(parts)
+    assert row_checksum(both) == row_checksum(np.arange(240))  # no row lost or read twice
+    if name == "pq3":  # by file: shard 0 has files 0 and 2, shard 1 file 1
+        assert parts[1].tolist() == list(range(80, 160))
+    if name == "pq1":  # by row group: 0, 2, 4 vs 1, 3
+        assert parts[1].tolist() == list(range(50, 100)) + list(range(150, 200))
+    if name == "tf1":  # by record
+        assert parts[0].tolist() == list(range(0, 240, 2))
+
+
+def test_a_node_ctx_selects_its_shard(sharded):
+    ctx = SimpleNamespace(role="worker", index=2, worker_index=1, num_workers=3)
+    got = _ids(feeders.parquet_dataset(sharded / "pq3", batch_size=1000, shard=ctx))
+    assert got.tolist() == list(range(80, 160))
