@@ -1,0 +1,336 @@
+"""Spark ML stages: :class:`TFEstimator` trains on a TF cluster, :class:`TFModel` scores rows.
+
+Both are real ``pyspark.ml`` stages (``Params``, ``Estimator`` / ``Model``), so they go inside a
+``Pipeline``, take param maps in ``fit``, and save/load with the rest of the pipeline.
+
+``TFEstimator.fit(df)`` starts a cluster (:func:`dataplane.run`), pushes ``inputCols`` +
+``labelCol`` through the Flight push path (``cluster.train``) ``epochs`` times, and runs the
+user's ``train_fn(args, ctx)`` on every node. ``train_fn`` reads ``ctx.dataset(...)``, trains, and
+returns the Keras model; the chief saves it as ``<exportDir>/model.keras``. The returned
+:class:`TFModel` points at that file.
+
+``TFModel.transform(df)`` appends ``predictionCol`` with :func:`dataplane.predict` and keeps every
+input column (TensorFlowOnSpark's TFModel drops them).
+
+Saving: both stages store their params as JSON metadata (``DefaultParamsWritable``). The
+estimator's ``train_fn`` and ``args`` are Python objects, so they are written beside it with
+cloudpickle (``train_fn.pkl``): load it only from a path you trust, like any pickle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any, Callable
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.util import (
+    DefaultParamsReadable,
+    DefaultParamsReader,
+    DefaultParamsWritable,
+    DefaultParamsWriter,
+)
+
+from dataplane.errors import SchemaError, StorageError
+
+__all__ = ["TFEstimator", "TFModel", "MODEL_FILE"]
+
+logger = logging.getLogger(__name__)
+
+#: File name of the saved Keras model inside ``exportDir``.
+MODEL_FILE = "model.keras"
+_PICKLE_FILE = "train_fn.pkl"
+
+
+class _SharedParams(Params):
+    """Params that both stages carry (the model inherits the estimator's values)."""
+
+    inputCols = Param(
+        Params._dummy(), "inputCols", "columns fed to the model, in the model's input order",
+        typeConverter=TypeConverters.toListString,
+    )
+    predictionCol = Param(
+        Params._dummy(), "predictionCol", "name of the output column transform() adds",
+        typeConverter=TypeConverters.toString,
+    )
+
+    def getInputCols(self) -> list[str]:
+        return self.getOrDefault(self.inputCols)
+
+    def getPredictionCol(self) -> str:
+        return self.getOrDefault(self.predictionCol)
+
+    def setInputCols(self, value: list[str]) -> Any:
+        return self._set(inputCols=value)
+
+    def setPredictionCol(self, value: str) -> Any:
+        return self._set(predictionCol=value)
+
+
+class _FitMain:
+    """What every node runs during ``fit``: the user's train_fn, then the chief saves."""
+
+    def __init__(self, train_fn: Callable[[Any, Any], Any]) -> None:
+        self.train_fn = train_fn
+
+    def __call__(self, args: argparse.Namespace, ctx: Any) -> None:
+        model = self.train_fn(args, ctx)
+        if model is not None and ctx.role == "chief":
+            os.makedirs(os.path.dirname(args.model_path), exist_ok=True)
+            model.save(args.model_path)
+            logger.info("chief saved the trained model to %s", args.model_path)
+
+
+class _EstimatorWriter(DefaultParamsWriter):
+    """Params as JSON (like every Python stage) plus the train_fn/args pickle."""
+
+    def saveImpl(self, path: str) -> None:
+        super().saveImpl(path)
+        from pyspark import cloudpickle
+
+        local = _local_dir(path)
+        os.makedirs(local, exist_ok=True)
+        with open(os.path.join(local, _PICKLE_FILE), "wb") as f:
+            cloudpickle.dump({"train_fn": self.instance._train_fn, "args": self.instance._args}, f)
+
+
+class _EstimatorReader(DefaultParamsReader):
+    def load(self, path: str) -> "TFEstimator":
+        import pickle
+
+        instance = super().load(path)
+        file = os.path.join(_local_dir(path), _PICKLE_FILE)
+        if os.path.exists(file):
+            with open(file, "rb") as f:
+                saved = pickle.load(f)
+            instance._train_fn = saved["train_fn"]
+            instance._args = saved["args"]
+        return instance
+
+
+def _local_dir(path: str) -> str:
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    if "://" in path:
+        raise StorageError(
+            f"TFEstimator save/load: {path!r} is not a local path; the train_fn pickle is "
+            f"written with local file I/O. Save the estimator to a local or mounted path."
+        )
+    return path
+
+
+def _merge_args(args: Any, extra: dict[str, Any]) -> argparse.Namespace:
+    if args is None:
+        base: dict[str, Any] = {}
+    elif isinstance(args, argparse.Namespace):
+        base = dict(vars(args))
+    elif isinstance(args, dict):
+        base = dict(args)
+    else:
+        raise TypeError(
+            f"TFEstimator: args must be a dict, an argparse.Namespace or None, got "
+            f"{type(args).__name__}; train_fn receives them merged with the stage's params."
+        )
+    base.update(extra)
+    return argparse.Namespace(**base)
+
+
+class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParamsWritable):
+    """Train a Keras model on a TF cluster fed through the push path.
+
+    Args:
+        train_fn: ``train_fn(args, ctx) -> keras.Model | None`` run on every node. ``args`` is an
+            ``argparse.Namespace`` of the user ``args`` plus ``input_cols``, ``label_col``,
+            ``batch_size``, ``epochs``, ``export_dir`` and ``model_path``. Read the rows with
+            ``ctx.dataset(args.batch_size, features=args.input_cols, label=args.label_col)``
+            and train for ``args.epochs`` (each iteration of the dataset is one pushed epoch).
+            Return the model and the chief saves it to ``args.model_path``; or save it there
+            yourself and return None. Must be importable/picklable (module level).
+        args: a dict or Namespace merged into ``args`` (default: nothing extra).
+        **params: any of the stage's params (``inputCols``, ``labelCol``, ``exportDir``, ...).
+
+    With ``numNodes > 1`` every worker receives a share of the rows; use
+    ``tf.distribute.MultiWorkerMirroredStrategy`` in ``train_fn`` to train one model
+    (``TF_CONFIG`` is already set), otherwise only the chief's model is saved.
+    """
+
+    labelCol = Param(Params._dummy(), "labelCol", "label column pushed with the inputs; '' for "
+                     "none", typeConverter=TypeConverters.toString)
+    exportDir = Param(Params._dummy(), "exportDir", "directory the chief saves model.keras in",
+                      typeConverter=TypeConverters.toString)
+    batchSize = Param(Params._dummy(), "batchSize", "training batch size handed to train_fn",
+                      typeConverter=TypeConverters.toInt)
+    epochs = Param(Params._dummy(), "epochs", "times every row is pushed",
+                   typeConverter=TypeConverters.toInt)
+    numNodes = Param(Params._dummy(), "numNodes", "TF nodes in the cluster (ps included)",
+                     typeConverter=TypeConverters.toInt)
+    numPS = Param(Params._dummy(), "numPS", "parameter servers", typeConverter=TypeConverters.toInt)
+    predictBatchSize = Param(Params._dummy(), "predictBatchSize",
+                             "rows per model call in the TFModel's transform",
+                             typeConverter=TypeConverters.toInt)
+
+    def __init__(
+        self,
+        train_fn: Callable[[Any, Any], Any] | None = None,
+        args: Any = None,
+        **params: Any,
+    ) -> None:
+        super().__init__()
+        self._train_fn = train_fn
+        self._args = args
+        self._setDefault(
+            predictionCol="prediction", labelCol="label", batchSize=128, epochs=1, numNodes=1,
+            numPS=0, predictBatchSize=1024,
+        )
+        self._set(**params)
+
+    def setParams(self, **params: Any) -> "TFEstimator":
+        return self._set(**params)
+
+    def setTrainFn(self, train_fn: Callable[[Any, Any], Any], args: Any = None) -> "TFEstimator":
+        self._train_fn, self._args = train_fn, args
+        return self
+
+    def setLabelCol(self, value: str) -> "TFEstimator":
+        return self._set(labelCol=value)
+
+    def setExportDir(self, value: str) -> "TFEstimator":
+        return self._set(exportDir=value)
+
+    def setBatchSize(self, value: int) -> "TFEstimator":
+        return self._set(batchSize=value)
+
+    def setEpochs(self, value: int) -> "TFEstimator":
+        return self._set(epochs=value)
+
+    def setNumNodes(self, value: int) -> "TFEstimator":
+        return self._set(numNodes=value)
+
+    def getLabelCol(self) -> str:
+        return self.getOrDefault(self.labelCol)
+
+    def getExportDir(self) -> str:
+        return self.getOrDefault(self.exportDir)
+
+    def getEpochs(self) -> int:
+        return self.getOrDefault(self.epochs)
+
+    def getBatchSize(self) -> int:
+        return self.getOrDefault(self.batchSize)
+
+    @classmethod
+    def read(cls) -> _EstimatorReader:
+        return _EstimatorReader(cls)
+
+    def write(self) -> _EstimatorWriter:
+        return _EstimatorWriter(self)
+
+    def _validate(self, dataset: Any) -> tuple[list[str], str | None, str]:
+        if self._train_fn is None or not callable(self._train_fn):
+            raise TypeError(
+                "TFEstimator: no train_fn; pass TFEstimator(train_fn, ...) or setTrainFn(fn)."
+            )
+        if not self.isDefined(self.inputCols):
+            raise SchemaError("TFEstimator: inputCols is not set; e.g. inputCols=['features'].")
+        if not self.isDefined(self.exportDir):
+            raise StorageError(
+                "TFEstimator: exportDir is not set; the trained model is saved there "
+                "(a directory visible to the driver and every executor)."
+            )
+        cols = self.getInputCols()
+        label = self.getLabelCol() or None
+        wanted = cols + ([label] if label else [])
+        missing = [c for c in wanted if c not in dataset.columns]
+        if missing:
+            raise SchemaError(
+                f"TFEstimator.fit: column(s) {missing} are not in the DataFrame (columns: "
+                f"{dataset.columns}); set inputCols/labelCol (labelCol='' for no label)."
+            )
+        for name in ("epochs", "batchSize", "numNodes"):
+            value = self.getOrDefault(getattr(self, name))
+            if value < 1:
+                raise ValueError(f"TFEstimator: {name} must be >= 1, got {value}.")
+        export = self.getExportDir()
+        if "://" not in export:
+            export = os.path.abspath(export)
+        return cols, label, export
+
+    def _fit(self, dataset: Any) -> "TFModel":
+        import dataplane
+
+        cols, label, export = self._validate(dataset)
+        model_path = os.path.join(export, MODEL_FILE)
+        args = _merge_args(self._args, {
+            "input_cols": cols, "label_col": label, "batch_size": self.getBatchSize(),
+            "epochs": self.getEpochs(), "export_dir": export, "model_path": model_path,
+        })
+        if "://" not in export and os.path.exists(model_path):
+            os.remove(model_path)  # a stale model must not pass for this fit's result
+        feed = dataset.select(*(cols + ([label] if label else [])))
+        cluster = dataplane.run(
+            dataset.sparkSession, _FitMain(self._train_fn), args,
+            num_nodes=self.getOrDefault(self.numNodes), num_ps=self.getOrDefault(self.numPS),
+            stop_grace=120.0,
+        )
+        with cluster:
+            report = cluster.train(feed, num_epochs=self.getEpochs())
+            logger.info("TFEstimator: pushed %d rows in %.1f s", report.rows, report.seconds)
+        if "://" not in model_path and not os.path.exists(model_path):
+            raise StorageError(
+                f"TFEstimator.fit: training finished but {model_path} does not exist. "
+                f"train_fn must return the Keras model (the chief saves it) or save it to "
+                f"args.model_path on the chief."
+            )
+        model = TFModel(
+            modelPath=model_path, inputCols=cols, predictionCol=self.getPredictionCol(),
+            batchSize=self.getOrDefault(self.predictBatchSize),
+        )
+        return model
+
+
+class TFModel(_SharedParams, Model, DefaultParamsReadable, DefaultParamsWritable):
+    """Scores rows with a saved Keras model (or SavedModel) via :func:`dataplane.predict`.
+
+    ``transform(df)`` returns ``df`` with ``predictionCol`` appended; every input column is kept.
+    Set ``layer`` to output an intermediate layer instead (feature extraction).
+    """
+
+    modelPath = Param(Params._dummy(), "modelPath", "the .keras file or SavedModel directory",
+                      typeConverter=TypeConverters.toString)
+    batchSize = Param(Params._dummy(), "batchSize", "most rows per model call",
+                      typeConverter=TypeConverters.toInt)
+    layer = Param(Params._dummy(), "layer", "output this layer instead of the model's output "
+                  "('' for the model's output)", typeConverter=TypeConverters.toString)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self._setDefault(predictionCol="prediction", batchSize=1024, layer="")
+        self._set(**params)
+
+    def setParams(self, **params: Any) -> "TFModel":
+        return self._set(**params)
+
+    def setLayer(self, value: str) -> "TFModel":
+        return self._set(layer=value)
+
+    def setBatchSize(self, value: int) -> "TFModel":
+        return self._set(batchSize=value)
+
+    def getModelPath(self) -> str:
+        return self.getOrDefault(self.modelPath)
+
+    def getLayer(self) -> str:
+        return self.getOrDefault(self.layer)
+
+    def _transform(self, dataset: Any) -> Any:
+        from dataplane.batch_predict import predict
+
+        if not self.isDefined(self.modelPath) or not self.isDefined(self.inputCols):
+            raise SchemaError("TFModel: modelPath and inputCols must both be set.")
+        return predict(
+            dataset, self.getModelPath(), input_cols=self.getInputCols(),
+            output_col=self.getPredictionCol(), batch_size=self.getOrDefault(self.batchSize),
+            layer=self.getLayer() or None,
+        )

@@ -1,0 +1,129 @@
+"""Feed a running TF cluster from a Structured Streaming query (``foreachBatch``).
+
+Every micro-batch is pushed with ``cluster.train(batch_df)`` as one epoch, so on the node each
+iteration of ``ctx.dataset()`` is one micro-batch, in the order Spark produced them (foreachBatch
+runs one batch at a time). A micro-batch Spark replays after a failure within the same query run
+(same ``batch_id``) is skipped, so each row reaches the nodes once.
+
+Stopping: ``query.stop()`` lets the micro-batch in flight finish its push (the push is a Spark job
+the stop does not cancel), then ends the query; no later batch starts. Then call
+``cluster.shutdown()``: the nodes finish the pushed micro-batches, and an iteration of
+``ctx.dataset()`` waiting for the next one ends empty with ``ctx.should_stop`` set.
+
+Classic Spark only: the batch function calls the cluster object living in the driver process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+__all__ = ["feed_stream", "StreamFeed"]
+
+logger = logging.getLogger(__name__)
+
+
+class StreamFeed:
+    """The ``foreachBatch`` function: pushes each micro-batch into the cluster, in order.
+
+    Attributes:
+        batches: micro-batches pushed so far.
+        rows: rows pushed so far (all epochs of all batches).
+        last_batch_id: the last batch id pushed (-1 before the first).
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        *,
+        skip_empty: bool = True,
+        feed_timeout: float = 600.0,
+        on_batch: Callable[[int, Any], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.skip_empty = skip_empty
+        self.feed_timeout = feed_timeout
+        self.on_batch = on_batch
+        self.batches = 0
+        self.rows = 0
+        self.last_batch_id = -1
+        self._lock = threading.Lock()
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        with self._lock:  # one batch at a time, even if Spark ever overlapped calls
+            if batch_id <= self.last_batch_id:
+                logger.info("stream feed: micro-batch %d was already pushed; skipping", batch_id)
+                return
+            if self.skip_empty and batch_df.isEmpty():
+                self.last_batch_id = batch_id
+                return
+            report = self.cluster.train(batch_df, num_epochs=1, feed_timeout=self.feed_timeout)
+            self.batches += 1
+            self.rows += report.rows
+            self.last_batch_id = batch_id
+            logger.info("stream feed: micro-batch %d pushed %d rows", batch_id, report.rows)
+            if self.on_batch is not None:
+                self.on_batch(batch_id, report)
+
+
+def feed_stream(
+    cluster: Any,
+    stream_df: Any,
+    *,
+    checkpoint_location: str | None = None,
+    trigger: dict[str, Any] | None = None,
+    query_name: str | None = None,
+    skip_empty: bool = True,
+    feed_timeout: float = 600.0,
+    on_batch: Callable[[int, Any], None] | None = None,
+) -> Any:
+    """Start a streaming query that pushes every micro-batch of ``stream_df`` into ``cluster``.
+
+    Args:
+        cluster: a running :class:`dataplane.Cluster` whose workers read ``ctx.dataset()``.
+        stream_df: a streaming DataFrame (``spark.readStream...``); every column is pushed.
+        checkpoint_location: the query's checkpoint directory (default: Spark's temporary one;
+            give one to resume a stream across driver restarts).
+        trigger: keyword arguments for ``DataStreamWriter.trigger`` (e.g.
+            ``{"processingTime": "2 seconds"}`` or ``{"availableNow": True}``); default: the next
+            micro-batch starts as soon as the previous one has been pushed.
+        query_name: name shown in the Spark UI and ``spark.streams``.
+        skip_empty: do not push micro-batches without rows (default True: an empty epoch would
+            only wake the nodes for nothing; costs one small check per batch).
+        feed_timeout: per micro-batch deadline for the push, in seconds.
+        on_batch: ``on_batch(batch_id, FeedReport)`` after each pushed micro-batch (progress).
+
+    Returns:
+        The started ``StreamingQuery``; its ``feed`` attribute is the :class:`StreamFeed` with
+        batch and row counts.
+
+    Raises:
+        ValueError: ``stream_df`` is not streaming, or the cluster is not running.
+    """
+    if not getattr(stream_df, "isStreaming", False):
+        raise ValueError(
+            "feed_stream: stream_df is not a streaming DataFrame; build it with "
+            "spark.readStream (for a static DataFrame call cluster.train(df) directly)."
+        )
+    if not hasattr(cluster, "train"):
+        raise TypeError(f"feed_stream: cluster must be a dataplane.Cluster, got {type(cluster)}.")
+    state = getattr(cluster, "_state", "running")
+    if state != "running":
+        raise ValueError(f"feed_stream: the cluster is {state}; start one with dataplane.run.")
+    if trigger is not None and not isinstance(trigger, dict):
+        raise TypeError(
+            f"feed_stream: trigger must be a dict of DataStreamWriter.trigger keywords such as "
+            f"{{'processingTime': '2 seconds'}}, got {trigger!r}."
+        )
+    feed = StreamFeed(cluster, skip_empty=skip_empty, feed_timeout=feed_timeout, on_batch=on_batch)
+    writer = stream_df.writeStream.foreachBatch(feed)
+    if checkpoint_location is not None:
+        writer = writer.option("checkpointLocation", checkpoint_location)
+    if trigger:
+        writer = writer.trigger(**trigger)
+    if query_name is not None:
+        writer = writer.queryName(query_name)
+    query = writer.start()
+    query.feed = feed
+    return query

@@ -1,0 +1,42 @@
+"""Node programs for the workload tests (ml, streaming, compat); importable on executors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+
+def digits_train_fn(args, ctx):  # type: ignore[no-untyped-def]
+    """TFEstimator train_fn: a small MLP on 64 pixel features, trained on the pushed rows."""
+    import keras
+
+    keras.utils.set_random_seed(getattr(args, "seed", 0))
+    ds = ctx.dataset(args.batch_size, features=args.input_cols, label=args.label_col)
+    ds = ds.map(lambda f, y: (f[args.input_cols[0]], y))
+    model = keras.Sequential([
+        keras.Input(shape=(64,)),
+        keras.layers.Dense(args.hidden, activation="relu", name="hidden"),
+        keras.layers.Dense(10, activation="softmax", name="probs"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(args.lr), loss="sparse_categorical_crossentropy")
+    model.fit(ds, epochs=args.epochs, verbose=0)
+    return model
+
+
+def stream_main(args, ctx):  # type: ignore[no-untyped-def]
+    """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order."""
+    ds = ctx.dataset(batch_size=64)
+    out = args["dir"]
+    epoch = 0
+    while True:
+        ids = [int(i) for b in ds for i in b["value"].numpy()]
+        if not ids and ctx.should_stop:
+            break
+        with open(os.path.join(out, f"epoch{epoch:05d}.json"), "w") as f:
+            json.dump(ids, f)
+        epoch += 1
+    with open(os.path.join(out, "done.json"), "w") as f:
+        json.dump({"epochs": epoch}, f)
+    _ = np  # keep numpy imported for the dataset conversion
