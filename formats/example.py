@@ -329,7 +329,7 @@ def _encode_column(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> list[pa
         arr = arr.combine_chunks()
     flat = _flatten(spec.name, arr, spec)
     depth = len(flat.splits)
-    if depth < len(spec.shape) or (depth == 0 and spec.shape):
+    if (spec.is_ragged and depth < len(spec.shape)) or (depth == 0 and spec.shape):
         raise SchemaError(
             f"column {spec.name!r} has Arrow type {arr.type}, which does not fit the spec's "
             f"shape {spec.shape}; build the specs from this data's schema (column_specs)."
