@@ -1,0 +1,78 @@
+"""The Arrow -> TF mapping for the types beyond plain scalars, and the errors naming the column."""
+
+from __future__ import annotations
+
+
+import pyarrow as pa
+import pytest
+
+from dataplane.errors import SchemaError, StorageError
+from formats.schema import ColumnSpec, column_specs
+from formats.schemafile import TFRecordSchema, find_schema_file, read_schema_file, write_schema_file
+
+
+@pytest.mark.parametrize(
+    "t, spec",
+    [
+        (pa.large_string(), ("string", (), 0)),
+        (pa.large_binary(), ("string", (), 0)),
+        (pa.large_list(pa.int16()), ("int16", (None,), 1)),
+        (pa.dictionary(pa.int8(), pa.string()), ("string", (), 0)),
+        (pa.timestamp("ms", tz="Europe/Paris"), ("int64", (), 0)),
+        (pa.date32(), ("int32", (), 0)),
+        (pa.list_(pa.list_(pa.float32())), ("float32", (None, None), 2)),
+        (pa.list_(pa.list_(pa.float32(), 3)), ("float32", (None, 3), 1)),
+        (pa.list_(pa.list_(pa.float64(), 2), 4), ("float64", (4, 2), 0)),
+    ],
+)
+def test_extended_types(t, spec):
+    (got,) = column_specs(pa.schema([("c", t)]))
+    assert got == ColumnSpec("c", *spec)
+    assert got.arrow_type == t
+
+
+@pytest.mark.parametrize(
+    "t, match",
+    [
+        (pa.map_(pa.string(), pa.int32()), r"column 'c' is a map .*map_keys\(\)"),
+        (pa.struct([("a", pa.int32())]), r"column 'c' is a struct .*flatten_structs=True"),
+        (pa.decimal128(10, 2), r"column 'c' has type decimal128\(10, 2\).*cast\('double'\)"),
+        (pa.list_(pa.struct([("a", pa.int32())])), r"column 'c' is a struct"),
+    ],
+)
+def test_types_tf_cannot_hold_name_the_column(t, match):
+    with pytest.raises(SchemaError, match=match):
+        column_specs(pa.schema([("ok", pa.int32()), ("c", t)]))
+
+
+def test_nested_struct_flattening():
+    schema = pa.schema([("s", pa.struct([("a", pa.int32()), ("t", pa.struct([("b", pa.string())]))]))])
+    specs = column_specs(schema, flatten_structs=True)
+    assert [(s.name, s.dtype) for s in specs] == [("s.a", "int32"), ("s.t.b", "string")]
+
+
+def test_null_scalars_are_an_error_for_tensors_without_fill():
+    from formats.schema import to_numpy
+
+    t = pa.table({"x": pa.array([1.0, None])})
+    with pytest.raises(SchemaError, match=r"column 'x' has 1 null value"):
+        to_numpy(t, column_specs(t.schema))
+    assert to_numpy(t, column_specs(t.schema, fill_values={"x": 0.0}))["x"].tolist() == [1.0, 0.0]
+
+
+def test_schema_file_round_trip(tmp_path):
+    schema = pa.schema([("s", pa.string()), ("b", pa.binary()), ("t", pa.timestamp("us", tz="UTC")),
+                        ("v", pa.list_(pa.list_(pa.int8())))])
+    specs = column_specs(schema)
+    write_schema_file(tmp_path, TFRecordSchema(specs, compression="GZIP", num_rows=4,
+                                               null_counts={"s": 2}, spark_schema={"type": "struct"}))
+    back = read_schema_file(tmp_path)
+    assert back.specs == specs
+    assert [s.arrow_type for s in back.specs] == list(schema.types)
+    assert (back.compression, back.num_rows, back.null_counts["s"]) == ("GZIP", 4, 2)
+    assert find_schema_file(tmp_path / "nowhere") is None
+    with pytest.raises(StorageError, match="no TFRecord schema file"):
+        read_schema_file(tmp_path / "nowhere")
+    (tmp_path / "bad.json").write_text('{"format": "csv"}')
+    with pytest.raises(SchemaError, match="not a valid TFRecord schema file"):
+        read_schema_file(tmp_path / "bad.json")
