@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["S3Server", "start_s3_server", "free_port"]
+__all__ = ["S3Server", "start_s3_server", "acquire_shared", "release_shared", "free_port"]
 
 ACCESS_KEY = "dataplane-test-key"
 SECRET_KEY = "dataplane-test-secret-0123456789"
@@ -212,3 +212,29 @@ def start_s3_server(workdir: Path, *, timeout: float = 60.0) -> S3Server:
     )
     _wait_ready(server, time.monotonic() + timeout)
     return server
+
+
+_shared: S3Server | None = None
+_users = 0
+
+
+def acquire_shared(workdir: Path) -> S3Server:
+    """The process-wide test server, started on first use (``workdir`` is used then).
+
+    Session fixtures in different test packages share one server this way; each must call
+    :func:`release_shared` once, and the last release stops it.
+    """
+    global _shared, _users
+    if _shared is None:
+        _shared = start_s3_server(workdir)
+    _users += 1
+    return _shared
+
+
+def release_shared() -> None:
+    """Drop one user of the shared server; the last one stops it."""
+    global _shared, _users
+    _users -= 1
+    if _users <= 0 and _shared is not None:
+        _shared.stop()
+        _shared, _users = None, 0

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.s3server import S3Server, start_s3_server
+from tests.s3server import S3Server, acquire_shared, release_shared
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
     """A SeaweedFS S3 endpoint on a free loopback port (or DATAPLANE_TEST_S3_ENDPOINT's)."""
-    server = start_s3_server(tmp_path_factory.mktemp("seaweedfs"))
-    yield server
-    server.stop()
+    yield acquire_shared(tmp_path_factory.mktemp("seaweedfs"))
+    release_shared()
 
 
 @pytest.fixture

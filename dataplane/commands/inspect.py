@@ -1,0 +1,183 @@
+"""``dataplane inspect PATH``: a Parquet or TFRecord dataset's schema, TF spec, rows and files.
+
+Works on local paths and ``file://``, ``s3://`` (AWS variables) and ``hdfs://`` URLs, through
+the same listing and planning code as the pull readers (``feeders.parquet`` /
+``feeders.tfrecord``), so what it prints is what they would read. The TF spec is rendered from
+:func:`formats.schema.column_specs` (the mapping ``formats.tf_spec`` builds its specs from),
+so TensorFlow is never imported; neither is Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "run", "describe"]
+
+_EXIT_FAILED = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``dataplane inspect``'s options on ``parser``."""
+    parser.description = (
+        "Show a Parquet or TFRecord dataset's columns (Arrow type and the TensorFlow spec each "
+        "maps to), its row count and its files. PATH may be a file or directory, local or a "
+        "file://, s3:// or hdfs:// URL (s3 endpoint and keys from the AWS_* variables)."
+    )
+    parser.add_argument("path", metavar="PATH", help="dataset file or directory")
+    parser.add_argument("--format", dest="fmt", choices=["auto", "parquet", "tfrecord"],
+                        default="auto",
+                        help="dataset format (default auto: by suffix, schema file or magic bytes)")
+    parser.add_argument("--compression", default=None,
+                        help="TFRecord compression (default: schema file, else file suffix)")
+    parser.add_argument("--sample", type=int, default=1000, metavar="N",
+                        help="TFRecord without a schema file: records to infer the schema from")
+    parser.add_argument("--no-count", action="store_true",
+                        help="TFRecord: do not read every record to count rows")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _detect(path: str) -> str:
+    from feeders.fs import list_files, resolve
+    from formats.schemafile import SCHEMA_FILE_NAME
+
+    loc = resolve(path)
+    files = list_files(loc)
+    if any(f.endswith((".parquet", ".parq", ".pq")) for f in files):
+        return "parquet"
+    if any(".tfrecord" in f.rsplit("/", 1)[-1] for f in files):
+        return "tfrecord"
+    directory = loc.path if len(files) != 1 or files[0] != loc.path else loc.path.rsplit("/", 1)[0]
+    from pyarrow import fs
+
+    if loc.filesystem.get_file_info(f"{directory}/{SCHEMA_FILE_NAME}").type == fs.FileType.File:
+        return "tfrecord"
+    with loc.filesystem.open_input_stream(files[0], compression=None) as f:
+        return "parquet" if f.read(4) == b"PAR1" else "tfrecord"
+
+
+def _tf_text(spec: Any) -> str:
+    dtype = "tf.string" if spec.dtype == "string" else f"tf.{spec.dtype}"
+    shape = "(" + ", ".join("None" if d is None else str(d) for d in (None, *spec.shape)) + (
+        ",)" if not spec.shape else ")"
+    )
+    if spec.is_ragged:
+        return f"RaggedTensorSpec(shape={shape}, dtype={dtype}, ragged_rank={spec.ragged_rank})"
+    return f"TensorSpec(shape={shape}, dtype={dtype})"
+
+
+def _columns_from_arrow(schema: Any) -> list[dict[str, Any]]:
+    from dataplane.errors import SchemaError
+    from formats.schema import column_specs
+
+    out = []
+    for field in schema:
+        entry: dict[str, Any] = {"name": field.name, "arrow_type": str(field.type)}
+        try:
+            (spec,) = column_specs(schema, columns=[field.name])
+            entry["tf"] = _tf_text(spec)
+        except SchemaError as exc:
+            entry["tf"] = None
+            entry["problem"] = str(exc)
+        out.append(entry)
+    return out
+
+
+def _file_sizes(loc: Any, files: list[str]) -> list[int]:
+    infos = loc.filesystem.get_file_info(files)
+    return [int(i.size or 0) for i in infos]
+
+
+def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
+             sample: int = 1000, count: bool = True) -> dict[str, Any]:
+    """Everything ``inspect`` prints, as a dict (the ``--json`` output)."""
+    if fmt == "auto":
+        fmt = _detect(path)
+    if fmt == "parquet":
+        from feeders.parquet import plan_parquet
+
+        plan = plan_parquet(path)
+        loc = plan.location
+        sizes = _file_sizes(loc, plan.files)
+        files = [
+            {"path": loc.display(f), "rows": int(m.num_rows), "row_groups": int(m.num_row_groups),
+             "bytes": b}
+            for f, m, b in zip(plan.files, plan.metadata, sizes)
+        ]
+        return {"url": loc.url, "format": "parquet", "rows": plan.num_rows,
+                "bytes": sum(sizes), "schema_source": "parquet footer",
+                "columns": _columns_from_arrow(plan.schema), "files": files}
+
+    from feeders.tfrecord import _open_records, plan_tfrecord
+
+    plan = plan_tfrecord(path, compression=compression, sample=sample)
+    loc = plan.location
+    sizes = _file_sizes(loc, plan.files)
+    rows_per_file: list[int | None] = [None] * len(plan.files)
+    if count:
+        rows_per_file = [sum(1 for _ in _open_records(loc, f, plan.compression)) for f in plan.files]
+    elif plan.schema_file is not None and plan.schema_file.files:
+        known = {e.get("path"): e.get("rows") for e in plan.schema_file.files}
+        rows_per_file = [known.get(f.rsplit("/", 1)[-1]) for f in plan.files]
+    columns = []
+    for spec in plan.specs:
+        arrow = str(spec.arrow_type) if spec.arrow_type is not None else None
+        columns.append({"name": spec.name, "arrow_type": arrow, "tf": _tf_text(spec)})
+    total = None if any(r is None for r in rows_per_file) else int(sum(rows_per_file))  # type: ignore[arg-type]
+    return {
+        "url": loc.url, "format": "tfrecord", "compression": plan.compression, "rows": total,
+        "bytes": sum(sizes), "schema_source": plan.schema_source, "columns": columns,
+        "files": [{"path": loc.display(f), "rows": r, "bytes": b}
+                  for f, r, b in zip(plan.files, rows_per_file, sizes)],
+    }
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def _render(info: dict[str, Any]) -> str:
+    lines = []
+    extra = f", {info['compression']}" if info.get("compression") else ""
+    lines.append(f"dataset: {info['url']}")
+    lines.append(f"format:  {info['format']}{extra}, {len(info['files'])} file(s), "
+                 f"{_human(info['bytes'])}")
+    rows = info["rows"]
+    lines.append(f"rows:    {rows if rows is not None else 'unknown (--no-count)'}")
+    source = {"inferred": "inferred from the first records (no _tf_schema.json)",
+              "schema file": "_tf_schema.json beside the data"}.get(info["schema_source"],
+                                                                    info["schema_source"])
+    lines.append(f"schema:  {source}")
+    lines.append("")
+    width = max([len("column")] + [len(c["name"]) for c in info["columns"]])
+    awidth = max([len("arrow type")] + [len(c["arrow_type"] or "-") for c in info["columns"]])
+    lines.append(f"  {'column'.ljust(width)}  {'arrow type'.ljust(awidth)}  tf spec")
+    for c in info["columns"]:
+        tf = c["tf"] if c["tf"] is not None else "NOT CARRIED: " + c.get("problem", "")
+        lines.append(f"  {c['name'].ljust(width)}  {(c['arrow_type'] or '-').ljust(awidth)}  {tf}")
+    lines.append("")
+    lines.append("files:")
+    for f in info["files"]:
+        r = f"{f['rows']} rows" if f["rows"] is not None else "? rows"
+        lines.append(f"  {f['path']}  {r}  {_human(f['bytes'])}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the description of ``args.path``; 1 with a message on stderr when it cannot."""
+    from dataplane.errors import DataplaneError
+
+    try:
+        info = describe(args.path, fmt=args.fmt, compression=args.compression,
+                        sample=args.sample, count=not args.no_count)
+    except (DataplaneError, ValueError, OSError) as exc:
+        print(f"dataplane inspect: error: {exc}", file=sys.stderr)
+        return _EXIT_FAILED
+    print(json.dumps(info, indent=1) if args.json else _render(info))
+    return 0

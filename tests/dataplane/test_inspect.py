@@ -1,0 +1,115 @@
+"""``dataplane inspect`` run as a real subprocess on Parquet and TFRecord data, local and S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from formats.schema import column_specs
+from formats.schemafile import TFRecordSchema, write_schema_file
+from tests.builders import conformance_table, write_parquet_files, write_tfrecord_files
+from tests.s3server import acquire_shared, release_shared
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _inspect(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "dataplane.cli", "inspect", *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=full_env,
+    )
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """The session's shared SeaweedFS server (tests.s3server)."""
+    yield acquire_shared(tmp_path_factory.mktemp("seaweedfs"))
+    release_shared()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inspect")
+    table = conformance_table(120)
+    write_parquet_files(table, root / "pq", files=2, row_group_size=25)
+    write_tfrecord_files(table, root / "tr", files=3)
+    write_tfrecord_files(table, root / "trs", files=1, compression="GZIP")
+    write_schema_file(root / "trs", TFRecordSchema(specs=column_specs(table.schema), compression="GZIP"))
+    return root
+
+
+def test_parquet_text(data):
+    out = _inspect(str(data / "pq"))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert f"dataset: {data / 'pq'}" in text
+    assert "format:  parquet, 2 file(s)" in text
+    assert "rows:    120" in text
+    assert "vec     fixed_size_list<element: float>[3]  TensorSpec(shape=(None, 3), dtype=tf.float32)" in text
+    assert "RaggedTensorSpec(shape=(None, None), dtype=tf.int64, ragged_rank=1)" in text
+    assert f"{data / 'pq' / 'part-00001.parquet'}  60 rows" in text
+    # Neither TensorFlow nor Spark is needed to inspect.
+    assert "tensorflow" not in out.stderr.lower()
+
+
+def test_tfrecord_with_schema_file_json(data):
+    out = _inspect(str(data / "trs"), "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert (info["format"], info["compression"], info["rows"]) == ("tfrecord", "GZIP", 120)
+    assert info["schema_source"] == "schema file"
+    cols = {c["name"]: c for c in info["columns"]}
+    assert cols["i32"] == {"name": "i32", "arrow_type": "int32",
+                           "tf": "TensorSpec(shape=(None,), dtype=tf.int32)"}
+    assert cols["vec"]["tf"] == "TensorSpec(shape=(None, 3), dtype=tf.float32)"
+    assert [f["rows"] for f in info["files"]] == [120]
+
+
+def test_tfrecord_inferred(data):
+    out = _inspect(str(data / "tr"))
+    assert out.returncode == 0, out.stderr
+    assert "format:  tfrecord, 3 file(s)" in out.stdout
+    assert "rows:    120" in out.stdout
+    assert "inferred from the first records" in out.stdout
+    # Inference cannot know a fixed length: vec comes back ragged, and f64 as float32.
+    assert "vec     list<item: float>" in out.stdout
+
+
+def test_unsupported_column_is_shown_not_fatal(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1], "m": pa.array([[("a", 1)]], pa.map_(pa.string(), pa.int64()))}),
+                   tmp_path / "m.parquet")
+    out = _inspect(str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "NOT CARRIED: column 'm' is a map" in out.stdout
+
+
+def test_missing_path_fails_with_message(tmp_path):
+    out = _inspect(str(tmp_path / "nope"))
+    assert out.returncode == 1
+    assert f"dataplane inspect: error: {tmp_path / 'nope'} does not exist" in out.stderr
+
+
+@pytest.mark.s3
+def test_s3(data, s3_server):
+    bucket = s3_server.make_bucket()
+    url = s3_server.upload_dir(data / "pq", bucket, "pq")
+    out = _inspect(url, env=s3_server.env())
+    assert out.returncode == 0, out.stderr
+    assert f"dataset: {url}" in out.stdout and "rows:    120" in out.stdout
+    assert f"{url}/part-00000.parquet  60 rows" in out.stdout
+    turl = s3_server.upload_dir(data / "trs", bucket, "trs")
+    out = _inspect(turl, "--json", env=s3_server.env())
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert (info["rows"], info["schema_source"]) == (120, "schema file")
+    bad = _inspect(url, env=s3_server.env(secret_key="wrong"))
+    assert bad.returncode == 1 and "refused the credentials" in bad.stderr
