@@ -149,7 +149,7 @@ class _WriteTask:
                 if batch.num_rows == 0:
                     continue
                 if raw is None:
-                    raw = self.filesystem.open_output_stream(name)
+                    raw = self.filesystem.open_output_stream(name, compression=None)
                     stream = open_compressed(raw, self.compression, mode="wb")
                 for s in self.specs:
                     nulls[s.name] += column_array(batch, s.name).null_count
@@ -401,7 +401,7 @@ class _ReadTask:
         for b in batches:
             for idx in b.column(0).to_pylist():
                 path = self.files[idx]
-                with self.filesystem.open_input_stream(path) as raw:
+                with self.filesystem.open_input_stream(path, compression=None, buffer_size=1 << 20) as raw:
                     stream = open_compressed(raw, self.comps[idx])
                     chunk: list[bytes] = []
                     for rec in iter_records(stream, name=path):
@@ -423,7 +423,7 @@ def _sample_records(fs: Any, files: list[str], comps: list[str | None], n: int) 
 
     out: list[bytes] = []
     for path, comp in zip(files, comps):
-        with fs.open_input_stream(path) as raw:
+        with fs.open_input_stream(path, compression=None, buffer_size=1 << 20) as raw:
             for rec in iter_records(open_compressed(raw, comp), name=path):
                 out.append(rec)
                 if len(out) >= n:

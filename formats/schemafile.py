@@ -188,7 +188,7 @@ def write_schema_file(
     target = _file_path(fs, p)
     data = json.dumps(schema.to_json(), indent=1).encode("utf-8")
     try:
-        with fs.open_output_stream(target) as out:
+        with fs.open_output_stream(target, compression=None) as out:
             out.write(data)
     except OSError as exc:
         raise StorageError(f"cannot write the schema file {target}: {exc}") from exc
@@ -205,7 +205,7 @@ def read_schema_file(path: str | os.PathLike, *, filesystem: Any = None) -> TFRe
     fs, p = _fs_path(path, filesystem)
     target = _file_path(fs, p)
     try:
-        with fs.open_input_stream(target) as f:
+        with fs.open_input_stream(target, compression=None) as f:
             raw = f.read()
     except (OSError, FileNotFoundError) as exc:
         raise StorageError(

@@ -1,0 +1,143 @@
+"""write_tfrecords / read_tfrecords on a real SparkSession (local[2,3]: tasks may be retried)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import formats
+from dataplane.errors import SchemaError, StorageError
+from formats.schemafile import read_schema_file
+from tests.builders import all_types_table, numeric_table, row_checksum
+
+ROWS = 300
+
+
+@pytest.fixture(scope="module")
+def parquet_src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src") / "all.parquet"
+    pq.write_table(all_types_table(ROWS, spark_types_only=True), path, row_group_size=100)
+    return str(path)
+
+
+def _rows(df):
+    return sorted((r.asDict(recursive=True) for r in df.collect()), key=lambda r: r["id"])
+
+
+def _data_files(path):
+    return sorted(f for f in os.listdir(path) if not f.startswith(("_", ".")))
+
+
+def test_parquet_to_tfrecord_to_dataframe_round_trip(spark, parquet_src, tmp_path):
+    compression = "GZIP"
+    df = spark.read.parquet(parquet_src).repartition(3)
+    out = str(tmp_path / "tfr")
+    res = formats.write_tfrecords(df, out, compression=compression)
+    assert (res.rows, res.files) == (ROWS, 3)
+    suffix = ".gz" if compression else ""
+    assert _data_files(out) == [f"part-0000{i}.tfrecord{suffix}" for i in range(3)]
+    assert sorted(os.listdir(out)) == ["_tf_schema.json", *_data_files(out)]  # no _temporary
+    back = formats.read_tfrecords(spark, out)
+    assert back.schema == df.schema  # every Spark type restored, binary vs string kept apart
+    assert _rows(back) == _rows(df)  # values and nulls (f64 values are exact in float32)
+
+
+def test_retried_task_leaves_exactly_one_copy(spark, tmp_path):
+    from pyspark import TaskContext
+
+    marker = tmp_path / "failed-once"
+
+    def fail_first_attempt(batches):
+        ctx = TaskContext.get()
+        for b in batches:
+            yield b
+        if ctx.partitionId() == 1 and ctx.attemptNumber() == 0:
+            marker.write_text("attempt 0 of partition 1 failed after its rows were written")
+            raise RuntimeError("injected failure on the first attempt")
+
+    src = spark.createDataFrame(numeric_table(400).to_pandas()).repartition(2)
+    df = src.mapInArrow(fail_first_attempt, src.schema)
+    out = str(tmp_path / "tfr")
+    res = formats.write_tfrecords(df, out)
+    assert marker.exists()  # the failure really happened
+    assert res.rows == 400 and len(_data_files(out)) == 2
+    ids = np.array([r.id for r in formats.read_tfrecords(spark, out).select("id").collect()])
+    assert row_checksum(ids) == row_checksum(np.arange(400))
+
+
+def test_failed_job_leaves_no_output(spark, tmp_path):
+    def always_fail(batches):
+        from pyspark import TaskContext
+
+        for b in batches:
+            yield b
+        if TaskContext.get().partitionId() == 0:
+            raise RuntimeError("this partition always fails")
+
+    src = spark.range(100, numPartitions=2)
+    out = tmp_path / "tfr"
+    with pytest.raises(Exception, match="this partition always fails"):
+        formats.write_tfrecords(src.mapInArrow(always_fail, src.schema), str(out))
+    assert not out.exists()
+
+
+def test_unsupported_columns_fail_before_any_output(spark, tmp_path):
+    df = spark.sql("SELECT 1 AS id, map('a', 1) AS m")
+    with pytest.raises(SchemaError, match="column 'm' is a map"):
+        formats.write_tfrecords(df, str(tmp_path / "m"))
+    df = spark.sql("SELECT 1 AS id, CAST(1.5 AS DECIMAL(10, 2)) AS price")
+    with pytest.raises(SchemaError, match="column 'price' has type decimal"):
+        formats.write_tfrecords(df, str(tmp_path / "d"))
+    df = spark.sql("SELECT 1 AS id, named_struct('a', 1, 'b', 'x') AS s")
+    with pytest.raises(SchemaError, match="column 's' is a struct"):
+        formats.write_tfrecords(df, str(tmp_path / "s"))
+    assert os.listdir(tmp_path) == []
+    res = formats.write_tfrecords(df, str(tmp_path / "flat"), flatten_structs=True)
+    assert res.rows == 1
+    row = formats.read_tfrecords(spark, str(tmp_path / "flat")).collect()[0]
+    assert row.asDict() == {"id": 1, "s.a": 1, "s.b": "x"}
+
+
+def test_existing_output_is_refused_unless_overwrite(spark, tmp_path):
+    out = tmp_path / "tfr"
+    out.mkdir()
+    (out / "old.tfrecord").write_bytes(b"")
+    df = spark.range(10)
+    with pytest.raises(StorageError, match="already exists"):
+        formats.write_tfrecords(df, str(out))
+    formats.write_tfrecords(df, str(out), mode="overwrite", num_files=1)
+    assert _data_files(out) == ["part-00000.tfrecord"]
+
+
+def test_plain_tensorflow_reads_the_output_with_the_schema_file(spark, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    from formats.example import parse_features
+
+    table = numeric_table(200)
+    out = str(tmp_path / "tfr")
+    formats.write_tfrecords(spark.createDataFrame(table.to_pandas()), out, compression="gzip",
+                            num_files=2)
+    schema = read_schema_file(out)
+    files = sorted(str(tmp_path / "tfr" / f["path"]) for f in schema.files)
+    ds = tf.data.TFRecordDataset(files, compression_type=schema.compression)
+    ds = ds.batch(64).map(lambda x: tf.io.parse_example(x, parse_features(schema.specs)))
+    got = {k: np.concatenate([b[k].numpy() for b in ds]) for k in table.column_names}
+    order = np.argsort(got["id"])
+    for name in table.column_names:
+        want = table.column(name).to_numpy()
+        assert np.array_equal(got[name][order], want.astype(got[name].dtype)), name
+
+
+def test_read_without_schema_file_infers(spark, tmp_path):
+    out = tmp_path / "tfr"
+    df = spark.sql("SELECT id, CAST(id AS FLOAT) * 0.5 AS x, array(id, id) AS pair, "
+                   "CAST(id AS STRING) AS s FROM range(50)")
+    formats.write_tfrecords(df, str(out), num_files=1)
+    os.remove(out / "_tf_schema.json")
+    back = formats.read_tfrecords(spark, str(out))
+    assert [(f.name, f.dataType.simpleString()) for f in back.schema.fields] == [
+        ("id", "bigint"), ("pair", "array<bigint>"), ("s", "string"), ("x", "float")]
+    assert _rows(back)[7] == {"id": 7, "pair": [7, 7], "s": "7", "x": 3.5}
