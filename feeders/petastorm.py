@@ -25,7 +25,8 @@ import pyarrow as pa
 
 from dataplane.errors import SchemaError, StackError
 from feeders.fs import resolve
-from feeders.parquet import plan_parquet, validate_common
+from feeders.elements import validate_reader_args
+from feeders.parquet import plan_parquet
 from feeders.shard import normalize_shard
 from formats.schema import ColumnSpec, column_specs, tf_spec
 
@@ -178,7 +179,7 @@ def petastorm_dataset(
     require_petastorm()
     import tensorflow as tf
 
-    validate_common(batch_size, label, columns)
+    validate_reader_args(batch_size, label, columns)
     shard_t = normalize_shard(shard)
     plan = plan_parquet(url, columns=columns, filesystem=filesystem)
     wanted = list(columns) if columns is not None else list(plan.schema.names)

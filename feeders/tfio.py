@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StackError, StorageError
-from feeders.parquet import plan_parquet, validate_common
+from feeders.elements import validate_reader_args
+from feeders.parquet import plan_parquet
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 
@@ -91,7 +92,7 @@ def tfio_parquet_dataset(
     tfio = require_tfio()
     import tensorflow as tf
 
-    validate_common(batch_size, label, columns)
+    validate_reader_args(batch_size, label, columns)
     shard_t = normalize_shard(shard)
     plan = plan_parquet(path, columns=columns)
     wanted = list(columns) if columns is not None else list(plan.schema.names)

@@ -28,9 +28,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import RecordError, SchemaError, StorageError
+from dataplane.errors import SchemaError, StorageError
 from feeders.fs import Location, list_files, resolve, storage_error
-from feeders.parquet import validate_common
+from feeders.elements import validate_reader_args
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
@@ -297,7 +297,7 @@ def tfrecord_dataset(
     """
     import tensorflow as tf
 
-    validate_common(batch_size, label, columns)
+    validate_reader_args(batch_size, label, columns)
     shard_t = normalize_shard(shard)
     normalize_compression(compression)
     plan = plan_tfrecord(

@@ -156,9 +156,6 @@ def test_s3(kind, s3_env, s3_data, table):
     _run(kind, s3_data, table)
 
 
-@pytest.mark.parametrize(
-    ("kind", "column"), [("petastorm", "vec"), ("petastorm", "seq"), ("tfio", "vec"), ("tfio", "seq")]
-)
 @pytest.mark.s3
 @pytest.mark.parametrize("kind", sorted(ADAPTERS))
 def test_adapters_on_s3_say_why_not(kind, s3_env, s3_data, table):
@@ -177,6 +174,9 @@ def test_adapters_on_s3_say_why_not(kind, s3_env, s3_data, table):
         _read(kind, s3_data, SCALARS, table)
 
 
+@pytest.mark.parametrize(
+    ("kind", "column"), [("petastorm", "vec"), ("petastorm", "seq"), ("tfio", "vec"), ("tfio", "seq")]
+)
 def test_adapters_refuse_what_they_cannot_carry(kind, column, local_data, table):
     """On compat the adapter names the column and why; elsewhere it names the compat stack."""
     if not _on_compat():
