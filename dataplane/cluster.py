@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -542,6 +543,17 @@ def _alive(pid: int) -> bool:
             return False
 
 
+_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
+
+
 def _last_line(text: str) -> str:
-    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    """The most telling line of a traceback: the last 'SomeError: message' line (TF wraps the
+    Python error of a tf.data generator inside its own error text), else the last line."""
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _EXC_LINE.match(ln) and not ln.startswith(("tensorflow.python.framework.errors_impl",)):
+            return ln
+    for ln in reversed(lines):
+        if _EXC_LINE.match(ln):
+            return ln
     return lines[-1] if lines else ""

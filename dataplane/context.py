@@ -136,7 +136,8 @@ class NodeContext:
         """Answer ``cluster.inference`` until the driver shuts the cluster down.
 
         Args:
-            predict: takes ``{column: np.ndarray}`` for one batch of rows and returns
+            predict: takes ``{column: np.ndarray}`` for one batch of rows (array columns whose
+                rows all have the same length arrive 2-D ``[rows, n]``) and returns
                 ``{output_name: np.ndarray}`` with one entry per input row in each array.
         """
         import queue
@@ -182,7 +183,12 @@ class NodeContext:
 
 
 def _ragged_to_object(col) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """A list column for predict: 2-D when every row has the same length (the usual feature
+    vector), else an object array of per-row arrays."""
     values, splits = col.values, col.row_splits[0]
+    lengths = np.diff(splits)
+    if len(col.row_splits) == 1 and len(lengths) and np.all(lengths == lengths[0]):
+        return values.reshape(len(lengths), int(lengths[0]))
     out = np.empty(len(splits) - 1, dtype=object)
     for i in range(len(out)):
         out[i] = values[splits[i] : splits[i + 1]]

@@ -25,6 +25,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from dataplane.errors import FeedError
+from formats.schema import same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished"]
 
@@ -147,10 +148,11 @@ class FeedBuffer:
             n = batch.num_rows
             if n == 0:
                 continue
-            if not batch.schema.equals(ep.info.schema, check_metadata=False):
+            if not same_columns(batch.schema, ep.info.schema):
                 raise FeedError(
-                    f"partition {partition} of epoch {epoch} sent schema {batch.schema}, but the "
-                    f"epoch was announced with {ep.info.schema}."
+                    f"partition {partition} of epoch {epoch} sent columns "
+                    f"({schema_text(batch.schema)}), but the epoch was announced with "
+                    f"({schema_text(ep.info.schema)})."
                 )
             nbytes = batch.nbytes
             with self._cond:

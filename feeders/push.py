@@ -87,6 +87,7 @@ class PartitionPusher:
             if batch.num_rows == 0:
                 continue
             if not batch.schema.equals(schema, check_metadata=False):
+                # same columns, different nullability flags: relabel so the stream is uniform
                 batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
             total += batch.num_rows
             targets = split_counts(total, w, part)

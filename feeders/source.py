@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from dataplane.errors import FeedError, SchemaError
 from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
-from formats.schema import ColumnSpec, RaggedColumn, column_specs, tf_spec, to_numpy
+from formats.schema import ColumnSpec, RaggedColumn, column_specs, same_columns, schema_text, tf_spec, to_numpy
 
 __all__ = ["push_dataset", "iterate_epoch"]
 
@@ -168,10 +168,11 @@ def push_dataset(
         got = buffer.wait_epoch_info(epoch)
         if got is None:
             return
-        if not got.schema.equals(epoch_schema, check_metadata=False):
+        if not same_columns(got.schema, epoch_schema):
             raise FeedError(
-                f"epoch {epoch} was pushed with schema {got.schema}, but this dataset was built "
-                f"for {epoch_schema}; call ctx.dataset() again for a differently shaped feed."
+                f"epoch {epoch} was pushed with columns ({schema_text(got.schema)}), but this "
+                f"dataset was built for ({schema_text(epoch_schema)}); call ctx.dataset() again "
+                f"for a differently shaped feed."
             )
         yield from iterate_epoch(
             buffer,

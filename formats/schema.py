@@ -42,6 +42,8 @@ import pyarrow as pa
 from dataplane.errors import SchemaError
 
 __all__ = [
+    "same_columns",
+    "schema_text",
     "ColumnSpec",
     "RaggedColumn",
     "column_specs",
@@ -371,3 +373,24 @@ def to_numpy(
         col = column_array(data, spec.name)
         out[spec.name] = _column_to_numpy(spec.name, col, spec)
     return out
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    if (pa.types.is_list(a) and pa.types.is_list(b)) or (
+        pa.types.is_large_list(a) and pa.types.is_large_list(b)
+    ):
+        return _same_type(a.value_type, b.value_type)
+    if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+        return a.list_size == b.list_size and _same_type(a.value_type, b.value_type)
+    return a.equals(b)
+
+
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """Same column names and types, ignoring nullability, list child names and metadata
+    (Spark's nullability flags differ between equivalent DataFrames)."""
+    return a.names == b.names and all(_same_type(x.type, y.type) for x, y in zip(a, b))
+
+
+def schema_text(schema: pa.Schema) -> str:
+    """A schema on one line, for error messages: ``id: int64, vec: list<float>``."""
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)

@@ -1,0 +1,210 @@
+"""The Flight push data plane on real Spark, real Flight and real TF: one shared 2-node cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import dataplane
+from dataplane.errors import SchemaError
+from feeders.push import PartitionPusher
+from tests.builders import row_checksum
+from tests.dataplane.clusterutil import wait_gone, wait_json
+from tests.dataplane.mains import feed_main
+
+pytestmark = pytest.mark.cluster
+
+BUFFER = 256 * 1024
+CHUNK = 32 * 1024
+
+
+@pytest.fixture(scope="module")
+def feed_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("feed")
+
+
+@pytest.fixture(scope="module")
+def cluster(spark, feed_dir):
+    c = dataplane.run(
+        spark, feed_main, {"dir": str(feed_dir), "batch_size": 64}, num_nodes=2,
+        buffer_bytes=BUFFER, max_chunk_bytes=CHUNK,
+    )
+    yield c
+    pids = [n.pid for n in c.nodes]
+    c.shutdown()
+    wait_gone(pids, 15)
+
+
+class _Epochs:
+    """Hands out the node-side epoch numbers in the order the tests push them."""
+
+    next = 0
+
+
+def make_df(spark, rows: int, partitions: int):
+    """id, x, a fixed-length vec (dense [n, 3]) and a variable-length tags list (ragged)."""
+    return spark.range(0, rows, 1, partitions).selectExpr(
+        "id",
+        "cast(id as double) * 0.5 as x",
+        "array(cast(id as float), cast(id + 1 as float), cast(id + 2 as float)) as vec",
+        "slice(array(id, id, id), 1, cast(id % 3 as int)) as tags",
+    )
+
+
+def _epoch_results(feed_dir, epoch: int, node_ids) -> list[dict]:
+    return [wait_json(feed_dir / f"node{i}-epoch{epoch}.json") for i in node_ids]
+
+
+def _check_epoch(results, rows: int) -> None:
+    count = sum(r["count"] for r in results)
+    sumsq = sum(r["sumsq"] for r in results)
+    assert (count, sumsq) == row_checksum(np.arange(rows))
+    assert len({r["batches"] for r in results}) == 1, "workers yielded different batch counts"
+
+
+def test_every_row_once_per_epoch_over_three_epochs(spark, cluster, feed_dir):
+    rows = 3000
+    df = make_df(spark, rows, 4).cache()
+    report = cluster.train(df, num_epochs=3)
+    assert report.rows == 3 * rows and report.dropped_for_balance == 0
+    assert sum(report.rows_per_node.values()) == 3 * rows
+    assert report.rows_per_node == {0: 3 * rows // 2, 1: 3 * rows // 2}
+    for _ in range(3):
+        res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+        _Epochs.next += 1
+        _check_epoch(res, rows)
+        for r in res:
+            assert r["vec_shapes"] == [[3]]  # fixed-length arrays arrive dense [batch, 3]
+            assert r["dtypes"] == {"id": "int64", "x": "float64", "vec": "float32", "tags": "int64"}
+            assert r["tag_rows"] == r["count"]
+        ids = np.arange(rows)
+        assert sum(r["tag_values"] for r in res) == int(np.sum(ids % 3))
+
+
+def test_uneven_partitions_give_equal_batches(spark, cluster, feed_dir):
+    # partitions of 1, 3, 0 and 500 rows: equal batch counts, the surplus counted as dropped
+    df = spark.createDataFrame(
+        [(i,) for i in range(504)], "id long"
+    ).repartition(1)
+    parts = [list(range(0, 1)), list(range(1, 4)), [], list(range(4, 504))]
+    from pyspark.sql import Row
+
+    rdd = spark.sparkContext.parallelize(parts, 4).flatMap(lambda p: [Row(id=i) for i in p])
+    df = make_df(spark, 1, 1).limit(0).unionByName(
+        spark.createDataFrame(rdd, "id long").selectExpr(
+            "id", "cast(id as double) * 0.5 as x",
+            "array(cast(id as float), cast(id + 1 as float), cast(id + 2 as float)) as vec",
+            "slice(array(id, id, id), 1, cast(id % 3 as int)) as tags",
+        )
+    )
+    report = cluster.train(df)
+    res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+    _Epochs.next += 1
+    yielded = sum(r["count"] for r in res)
+    assert res[0]["count"] == res[1]["count"] and res[0]["batches"] == res[1]["batches"]
+    assert yielded + report.dropped_for_balance == 504
+    assert report.dropped_for_balance <= 4  # at most one row per partition
+
+
+class FailingPusher(PartitionPusher):
+    """The real pusher, whose input fails on partition 1's first attempt after six batches: the
+    rows before the failure are pushed for sure, so the retry must be deduplicated."""
+
+    def __call__(self, batches):  # type: ignore[no-untyped-def]
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+
+        def failing():
+            for i, b in enumerate(batches):
+                if tc.partitionId() == 1 and tc.attemptNumber() == 0 and i == 6:
+                    raise RuntimeError("injected failure on the first attempt")
+                yield b
+
+        yield from super().__call__(failing())
+
+
+def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, monkeypatch):
+    import feeders.push
+
+    rows = 2000
+    before = sum(m["rows_duplicate"] for m in cluster.metrics().values())
+    monkeypatch.setattr(feeders.push, "PartitionPusher", FailingPusher)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        report = cluster.train(make_df(spark, rows, 2))
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+    _Epochs.next += 1
+    _check_epoch(res, rows)
+    assert report.rows == rows
+    dup = sum(m["rows_duplicate"] for m in cluster.metrics().values()) - before
+    # six 50-row batches of partition 1 were pushed by the failed attempt and re-sent by the retry
+    assert dup == 300
+
+
+def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
+    rows = 6000  # ~200 KB a node: several times what the slowed consumer holds at once
+    (feed_dir / "slow").write_text("1")
+    try:
+        report = cluster.train(make_df(spark, rows, 3))
+        res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+        _Epochs.next += 1
+    finally:
+        (feed_dir / "slow").unlink()
+    _check_epoch(res, rows)
+    m = cluster.metrics()
+    for node_id, mm in m.items():
+        assert mm["buffer_capacity"] == BUFFER
+        assert mm["buffer_peak_bytes"] <= BUFFER + CHUNK, (node_id, mm)
+    assert sum(mm["stall_seconds"] for mm in m.values()) > 0, "the producer never waited"
+    assert report.rows == rows
+
+
+def test_metrics_count_what_was_pushed(cluster):
+    m = cluster.metrics()
+    assert set(m) == {0, 1}
+    for mm in m.values():
+        for key in ("rows_in", "bytes_in", "batches_in", "buffer_bytes", "stall_seconds"):
+            assert key in mm
+        assert mm["rows_in"] > 0 and mm["bytes_in"] > 0 and mm["batches_in"] > 0
+    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 2000 + 6000
+
+
+def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):
+    rows = 5000
+    df = make_df(spark, rows, 3)
+    out = cluster.inference(df, passthrough=("id",))
+    assert out.columns == ["id", "y", "vec_sum"]
+    pdf = out.toPandas().sort_values("id").reset_index(drop=True)
+    ids = np.arange(rows)
+    assert len(pdf) == rows and (pdf["id"].to_numpy() == ids).all()
+    np.testing.assert_allclose(pdf["y"].to_numpy(), ids * 0.5 * 2.0)
+    np.testing.assert_allclose(pdf["vec_sum"].to_numpy(), 3 * ids + 3.0, rtol=1e-6)
+    assert str(pdf["vec_sum"].dtype) == "float32"
+
+
+def test_inference_rejects_unknown_passthrough(spark, cluster):
+    with pytest.raises(SchemaError, match="passthrough column 'nope'"):
+        cluster.inference(make_df(spark, 10, 1), passthrough=("nope",))
+
+
+def test_unauthenticated_clients_are_refused(cluster):
+    node = cluster.nodes[0]
+    client = flight.FlightClient(node.flight_location)
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        list(client.do_action(flight.Action("metrics", b"{}")))
+    wrong = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer not-the-secret")])
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        list(client.do_action(flight.Action("metrics", b"{}"), options=wrong))
+    desc = flight.FlightDescriptor.for_command(json.dumps({"kind": "feed", "epoch": 0, "partition": 0}))
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        w, _ = client.do_put(desc, pa.schema([("id", pa.int64())]), options=wrong)
+        w.write_batch(pa.record_batch({"id": [1]}))
+        w.close()
