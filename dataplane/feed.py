@@ -176,21 +176,23 @@ def train(
             sent[r["node_id"]] = sent.get(r["node_id"], 0) + r["rows_sent"]
             unconsumed += r["rows_unconsumed"]
             report.bytes += r["bytes_sent"]
-        received = {
-            n.node_id: int(cluster._node_action(n, "epoch_rows", {"epoch": epoch})["rows"])
-            for n in workers
-        }
-        total = sum(sent.values()) + unconsumed
-        report.rows += total
-        report.rows_unconsumed += unconsumed
-        finished = {nid for nid, st in cluster._control.snapshot().items() if st.done}
+        replies = {n.node_id: cluster._node_action(n, "epoch_rows", {"epoch": epoch}) for n in workers}
+        received = {nid: int(r["rows"]) for nid, r in replies.items()}
+        # asked of the nodes themselves: their "done" report may still be on its way
+        finished = {nid for nid, r in replies.items() if r.get("main") != "running"}
         consuming = [n for n in workers if n.node_id not in finished]
-        for n in consuming:
-            if received[n.node_id] < sent.get(n.node_id, 0):
+        for n in workers:
+            got, pushed = received[n.node_id], sent.get(n.node_id, 0)
+            if n.node_id in finished:
+                # written into a stream the node had stopped reading: never consumed
+                unconsumed += max(pushed - got, 0)
+            elif got < pushed:
                 raise FeedError(
-                    f"epoch {epoch}: node {n.node_id} acknowledged {received[n.node_id]} rows but "
-                    f"the pushing tasks sent it {sent.get(n.node_id, 0)}; rows were lost."
+                    f"epoch {epoch}: node {n.node_id} acknowledged {got} rows but the pushing "
+                    f"tasks sent it {pushed}; rows were lost."
                 )
+        report.rows += sum(sent.values()) + sum(r["rows_unconsumed"] for r in rows)
+        report.rows_unconsumed += unconsumed
         limit = min((received[n.node_id] for n in consuming), default=0)
         for n in consuming:
             cluster._node_action(n, "end_epoch", {"epoch": epoch, "limit": limit})

@@ -157,7 +157,9 @@ class NodeServer(flight.FlightServerBase):
             self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
             return json_result({"ok": True})
         if name == "epoch_rows":
-            return json_result({"rows": self.buffer.epoch_rows(int(body["epoch"]))})
+            return json_result(
+                {"rows": self.buffer.epoch_rows(int(body["epoch"])), "main": self.main_state}
+            )
         if name == "metrics":
             m = self.buffer.snapshot()
             m["inference_rows"] = self.broker.rows

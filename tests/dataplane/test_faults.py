@@ -1,0 +1,166 @@
+"""Failures end quickly with typed errors and leave no processes behind (each bounded by 30 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import dataplane
+from dataplane.errors import NodeError, ReservationError
+from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
+from tests.dataplane.mains import describe_main, early_main, feed_main, idle_main
+from tests.dataplane.test_push import make_df
+
+pytestmark = pytest.mark.cluster
+
+
+def _no_active_jobs(spark, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not spark.sparkContext.statusTracker().getActiveJobsIds():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_reservation_timeout_names_missing_nodes_and_slots(spark):
+    t0 = time.monotonic()
+    with pytest.raises(ReservationError) as info:
+        dataplane.run(spark, idle_main, num_nodes=4, reservation_timeout=5)  # 3 slots only
+    elapsed = time.monotonic() - t0
+    e = info.value
+    assert e.missing == [0, 1, 2, 3] and e.registered == []
+    msg = str(e)
+    assert "did not register within 5 s" in msg and "4 free task slots" in msg
+    assert "3 task slot(s)" in msg and "lower num_nodes" in msg
+    assert elapsed < 30
+    assert _no_active_jobs(spark), "the launch job was not cancelled"
+
+
+def test_main_raising_on_one_node_and_shutdown_twice(spark, tmp_path):
+    cluster = dataplane.run(spark, describe_main, {"dir": str(tmp_path), "raise_on": 1}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    wait_json(tmp_path / "node1.json")
+    t0 = time.monotonic()
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=30)
+    assert time.monotonic() - t0 < 30
+    e = info.value
+    assert e.node.node_id == 1 and e.node.role == "worker"
+    assert "ValueError: boom from node 1" in str(e)
+    assert "Traceback" in e.remote_traceback and "boom from node 1" in e.remote_traceback
+    t1 = time.monotonic()
+    assert cluster.shutdown() is None  # second call: nothing left to do
+    assert time.monotonic() - t1 < 1
+    wait_gone(pids, 10)
+    with pytest.raises(dataplane.ClusterStateError, match="cannot train: the cluster is stopped"):
+        cluster.train(make_df(spark, 10, 1))
+
+
+def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
+    cluster = dataplane.run(
+        spark, feed_main, {"dir": str(tmp_path), "batch_size": 32}, num_nodes=2,
+        buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024, node_timeout=5.0,
+    )
+    victim = cluster.nodes[1]
+    (tmp_path / "slow").write_text("1")  # the feed takes minutes at this pace
+    outcome: dict = {}
+
+    def feed():
+        try:
+            outcome["report"] = cluster.train(make_df(spark, 200_000, 2), feed_timeout=600)
+        except BaseException as e:  # noqa: BLE001
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m = cluster._node_action(victim, "metrics", {})
+        if m["rows_in"] > 0:
+            break
+        time.sleep(0.2)
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive(), "train() hung after a node died"
+    err = outcome.get("error")
+    assert isinstance(err, NodeError), outcome
+    assert err.node.node_id == victim.node_id and "stopped responding" in str(err)
+    assert outcome["at"] - killed_at < 30
+    with pytest.raises(NodeError):
+        cluster.shutdown(timeout=20)
+    assert node_processes(cluster.cluster_id) == []
+    assert _no_active_jobs(spark), "the feeding job was not cancelled"
+
+
+def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
+    cluster = dataplane.run(
+        spark, early_main, None, num_nodes=2, buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024
+    )
+    try:
+        t0 = time.monotonic()
+        report = cluster.train(make_df(spark, 50_000, 2))
+        assert time.monotonic() - t0 < 60
+        assert report.rows == 50_000
+        assert report.rows_unconsumed > 0
+        assert any("returned from main while data was still being pushed" in m for m in report.messages)
+    finally:
+        cluster.shutdown()
+
+
+def test_port_range_exhausted_is_reported_quickly(spark):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(NodeError) as info:
+            dataplane.run(spark, idle_main, num_nodes=2, port_range=(port, port), reservation_timeout=60)
+    finally:
+        holder.close()
+    assert time.monotonic() - t0 < 30
+    msg = str(info.value)
+    assert f"port_range {port}-{port}" in msg and "Widen port_range" in msg
+    assert info.value.node is None  # it never registered
+    assert _no_active_jobs(spark)
+
+
+_DRIVER = textwrap.dedent(
+    """
+    import json, os, sys
+    from pyspark.sql import SparkSession
+    import dataplane
+    from tests.dataplane.mains import idle_main
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    c = dataplane.run(spark, idle_main, num_nodes=2, heartbeat_timeout=5.0)
+    print(json.dumps({"pids": [n.pid for n in c.nodes], "id": c.cluster_id}), flush=True)
+    os._exit(0)  # the driver dies without shutting anything down
+    """
+)
+
+
+def test_nodes_exit_when_the_driver_dies(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert line, proc.stderr[-3000:]
+    info = json.loads(line[-1])
+    gone_after = wait_gone(info["pids"], 30)
+    assert gone_after < 30
+    assert node_processes(info["id"]) == []
