@@ -180,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
             if compression not in ("snappy", "gzip", "zstd", "none", "uncompressed", "lz4"):
                 return _fail(f"--compression {args.compression!r} is not a Parquet codec; use "
                              f"snappy, gzip, zstd or none.")
+        if source_format == "parquet":
+            problem = _check_parquet(src, flatten_structs=args.flatten_structs)
+            if problem:
+                return _fail(problem)
     except (DataplaneError, ValueError) as exc:
         return _fail(str(exc))
 
@@ -243,6 +247,35 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         f"{_human_bytes(nbytes)} in {secs:.1f} s ({rows / secs if secs else 0:,.0f} rows/s)"
     )
     return 0
+
+
+def _check_parquet(src: Any, *, flatten_structs: bool) -> str | None:
+    """Why a Parquet SRC cannot be exported (unreadable, a column TF cannot hold, no rows), or None.
+
+    Reads only the footers, on this machine, so these mistakes cost no Spark start-up.
+    """
+    import pyarrow.dataset as ds
+
+    from dataplane.errors import SchemaError
+    from formats.schema import column_specs
+
+    try:
+        dataset = ds.dataset(src.path, format="parquet", filesystem=src.filesystem)
+        schema = dataset.schema
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError/...
+        return f"cannot read SRC {src.url} as Parquet: {exc}"
+    if not schema.names:
+        return f"SRC {src.url} has no columns (no Parquet files?)."
+    try:
+        column_specs(schema, flatten_structs=flatten_structs)
+    except SchemaError as exc:
+        return f"SRC {src.url} cannot be exported: {exc}"
+    try:
+        if dataset.count_rows() == 0:
+            return f"SRC {src.url} has no rows; there is nothing to export."
+    except Exception as exc:  # noqa: BLE001
+        return f"cannot read SRC {src.url} as Parquet: {exc}"
+    return None
 
 
 def _parquet_stats(loc: Any) -> tuple[int, int, int]:
