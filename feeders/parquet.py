@@ -8,12 +8,17 @@ How it reads:
   dense column is a typed error when the dataset is built, not in the middle of training.
 * Sharding is by file; with fewer files than shards it falls back to row groups.
 * Each iteration streams the shard's files with ``ParquetFile.iter_batches`` (only the projected
-  columns are decoded, multi-threaded in C++), cuts the stream into exactly ``batch_size`` rows
-  (across file boundaries; only the last batch may be short) and converts each batch with
-  :func:`formats.schema.to_numpy`: zero-copy for fixed-width columns, so the copy into the
-  tensor is the one copy per batch. No per-row Python runs for numeric and list columns.
-* Ragged columns travel as flat values plus row splits and become ``tf.RaggedTensor`` in a
-  graph ``map``; ``prefetch(AUTOTUNE)`` overlaps reading with the consumer.
+  columns are decoded, multi-threaded in C++) and converts with :func:`formats.schema.to_numpy`
+  (zero-copy for fixed-width columns; no per-row Python for numeric and list columns).
+* Without ragged columns the generator hands ``tf.data`` chunks of about 8 MB and
+  ``Dataset.rebatch`` cuts them into exactly ``batch_size`` rows in C++ (across file
+  boundaries; only the last batch may be short): one Python call per chunk instead of per
+  batch, which is what makes ``from_generator`` cheap. Copies: into the chunk tensor, then into
+  each batch.
+* With ragged columns (``rebatch`` of ragged tensors is slow) the exact cut happens in Python,
+  one batch per generator call; the columns travel as flat values plus row splits and become
+  ``tf.RaggedTensor`` in a graph ``map`` (:mod:`feeders.elements`).
+* ``prefetch(AUTOTUNE)`` overlaps reading with the consumer.
 """
 
 from __future__ import annotations
@@ -26,8 +31,6 @@ from typing import Any, Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
-from feeders.fs import Location, list_files, resolve, storage_error
-from feeders.shard import normalize_shard, take_shard
 from feeders.elements import (
     assemble,
     check_representable,
@@ -36,6 +39,8 @@ from feeders.elements import (
     signature,
     validate_reader_args,
 )
+from feeders.fs import Location, list_files, resolve, storage_error
+from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs, to_numpy
 
 __all__ = ["parquet_dataset", "ParquetPlan", "plan_parquet"]
@@ -375,8 +380,9 @@ def parquet_dataset(
     else:
         ds = tf.data.Dataset.from_generator(stream, output_signature=flat_signature(specs))
         ds = ds.map(lambda *flat: assemble(flat, specs, label))
-    opts = tf.data.Options()
-    # Sharding already happened by file/row group; distribution strategies must not redo it.
-    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    ds = ds.with_options(opts)
+    if shard is not None:
+        opts = tf.data.Options()
+        # Sharded here by file/row group; a distribution strategy must not shard again.
+        opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(opts)
     return ds.prefetch(tf.data.AUTOTUNE if prefetch is None else prefetch)
