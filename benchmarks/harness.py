@@ -1,0 +1,454 @@
+"""The benchmark runner: one SparkSession, the same data for every path, alternating repetitions.
+
+A scenario is a module with ``build(env) -> list[BenchPath]`` (see :mod:`benchmarks.paths`).
+Optionally it also defines ``TABLES`` (the table kinds it runs on by default) and
+``extra(env, results) -> dict`` (scenario-specific measurements merged into its JSON object,
+e.g. push's memory-under-backpressure check).
+
+For each (scenario, table) the runner builds the paths, runs each path once untimed (warm-up),
+then ``reps`` timed rounds that alternate the paths (A1 B1 C1 A2 B2 C2 ...) so machine drift hits
+every side, and reports medians. A path whose ``run`` raises is reported ``ok: false`` with the
+error text; the other paths go on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+
+from benchmarks import data
+from benchmarks.paths import BenchPath
+
+__all__ = [
+    "SCENARIOS",
+    "BenchEnv",
+    "machine_info",
+    "stack_info",
+    "spark_session",
+    "run_scenario",
+    "run_bench",
+]
+
+logger = logging.getLogger(__name__)
+
+# scenario name -> module holding build(env)
+SCENARIOS: dict[str, str] = {
+    "push": "benchmarks.push",
+    "pull-parquet": "benchmarks.pull_parquet",
+    "pull-tfrecord": "benchmarks.pull_tfrecord",
+    "export": "benchmarks.export",
+    "train": "benchmarks.train",
+}
+
+Progress = Callable[[str], None]
+
+
+def _no_progress(message: str) -> None:
+    del message
+
+
+class BenchEnv:
+    """What a scenario's ``build(env)`` gets: the session, the data and a scratch directory.
+
+    Attributes:
+        spark: the bench process's one SparkSession.
+        rows: rows in the ``numeric`` table (``mnist`` has ``mnist_rows``).
+        mnist_rows: rows in the ``mnist`` table.
+        workdir: scratch directory for this (scenario, table), removed afterwards.
+        quick: True for the smoke run (tiny data, one repetition): skip optional extras.
+        table_name: the table kind this run is about (``numeric`` or ``mnist``).
+        seed: the data seed.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        rows: int,
+        mnist_rows: int,
+        workdir: Path,
+        quick: bool = False,
+        table_name: str = "numeric",
+        seed: int = 0,
+    ) -> None:
+        self.spark = spark
+        self.rows = rows
+        self.mnist_rows = mnist_rows
+        self.workdir = Path(workdir)
+        self.quick = quick
+        self.table_name = table_name
+        self.seed = seed
+        self._tables: dict[tuple[str, int], pa.Table] = {}
+        self._frames: dict[tuple[str, int], Any] = {}
+
+    def rows_of(self, kind: str | None = None) -> int:
+        """Rows the ``kind`` table has (default: this run's table)."""
+        kind = kind or self.table_name
+        return self.mnist_rows if kind == "mnist" else self.rows
+
+    def row_bytes(self, kind: str | None = None) -> int:
+        """Payload bytes per row of ``kind`` (default: this run's table)."""
+        return data.row_bytes(kind or self.table_name)
+
+    def table(self, kind: str | None = None, *, rows: int | None = None) -> pa.Table:
+        """The deterministic ``kind`` table (default: this run's), optionally its first ``rows``."""
+        kind = kind or self.table_name
+        n = min(rows, self.rows_of(kind)) if rows is not None else self.rows_of(kind)
+        key = (kind, n)
+        if key not in self._tables:
+            self._tables[key] = data.make_table(kind, n, seed=self.seed)
+        return self._tables[key]
+
+    def dataframe(self, kind: str | None = None, *, rows: int | None = None) -> Any:
+        """The same data as :meth:`table` as a cached, materialised Spark DataFrame.
+
+        Built once per (kind, rows) and kept for the whole bench process, so every path and
+        every repetition reads the same cached partitions.
+        """
+        kind = kind or self.table_name
+        n = min(rows, self.rows_of(kind)) if rows is not None else self.rows_of(kind)
+        key = (kind, n)
+        if key not in self._frames:
+            pdf = self.table(kind, rows=n).to_pandas()
+            df = self.spark.createDataFrame(pdf, schema=data.spark_schema_ddl(kind)).cache()
+            df.count()
+            self._frames[key] = df
+        return self._frames[key]
+
+    def release(self) -> None:
+        """Unpersist the cached DataFrames and forget the tables."""
+        for df in self._frames.values():
+            try:
+                df.unpersist()
+            except Exception:  # noqa: BLE001 - best effort on teardown
+                logger.debug("unpersist failed", exc_info=True)
+        self._frames.clear()
+        self._tables.clear()
+
+
+def _version(*dists: str) -> str | None:
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def stack_info() -> dict[str, Any]:
+    """Versions of the stack this process runs (read from package metadata; imports nothing)."""
+    return {
+        "name": Path(sys.prefix).name,  # the venv's name: "current" or "compat" here
+        "python": platform.python_version(),
+        "pyspark": _version("pyspark"),
+        "tensorflow": _version("tensorflow-cpu", "tensorflow", "tf-nightly"),
+        "pyarrow": _version("pyarrow"),
+        "numpy": _version("numpy"),
+        "tensorflowonspark": _version("tensorflowonspark"),
+        "petastorm": _version("petastorm"),
+        "tensorflow-io": _version("tensorflow-io"),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, memory and OS of this machine."""
+    mem_gb = None
+    try:
+        mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "memory_gb": mem_gb,
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+    }
+
+
+def spark_session(master: str = "local[*]", *, driver_memory: str = "4g") -> Any:
+    """The bench process's SparkSession: loopback only, UI off, executors on this Python.
+
+    Sets ``SPARK_LOCAL_IP``/``PYSPARK_PYTHON`` only where unset (the CLI owns this process).
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("dataplane-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _result(path: BenchPath, row_bytes: int) -> dict[str, Any]:
+    return {
+        "path": path.name,
+        "rows_per_s": 0.0,
+        "mb_per_s": 0.0,
+        "seconds": 0.0,
+        "ok": path.unavailable is None,
+        "error": path.unavailable,
+        "kind": path.kind,
+        "rows": 0,
+        "nbytes": 0,
+        "rep_seconds": [],
+        "rep_rows": [],
+    }
+
+
+def _finish(res: dict[str, Any], path: BenchPath, row_bytes: int) -> None:
+    if not res["ok"] or not res["rep_seconds"]:
+        return
+    secs = res["rep_seconds"]
+    rows = res["rep_rows"]
+    rates = [r / s if s > 0 else 0.0 for r, s in zip(rows, secs)]
+    res["seconds"] = statistics.median(secs)
+    res["rows"] = int(statistics.median(rows))
+    res["rows_per_s"] = statistics.median(rates)
+    per_row = (path.nbytes / res["rows"]) if (path.nbytes and res["rows"]) else row_bytes
+    res["nbytes"] = int(per_row * res["rows"])
+    res["mb_per_s"] = res["rows_per_s"] * per_row / 1e6
+
+
+def _ratios(results: list[dict[str, Any]]) -> None:
+    others = [r for r in results if r["kind"] != "ours" and r["ok"] and r["rows_per_s"] > 0]
+    for r in results:
+        if r["kind"] == "ours" and r["ok"] and r["rows_per_s"] > 0:
+            r["ratio_vs"] = {o["path"]: r["rows_per_s"] / o["rows_per_s"] for o in others}
+
+
+def run_scenario(
+    env: BenchEnv,
+    scenario: str,
+    *,
+    reps: int = 3,
+    warmup: bool = True,
+    peers: Sequence[str] | None = None,
+    progress: Progress = _no_progress,
+) -> dict[str, Any]:
+    """Build and time one scenario on ``env.table_name``; returns its JSON object.
+
+    Args:
+        env: the bench environment (its ``table_name`` picks the table).
+        scenario: a key of :data:`SCENARIOS`.
+        reps: timed repetitions per path (>= 1), alternated across paths.
+        warmup: run every path once untimed first (default True: JIT, worker start-up and
+            caches are not what we measure).
+        peers: if given, only these non-``ours`` paths run (``ours`` paths always run).
+        progress: called with one line per step (the CLI prints it on stderr).
+    """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {sorted(SCENARIOS)}, got {scenario!r}")
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    label = f"{scenario}/{env.table_name}"
+    row_bytes = env.row_bytes()
+    out: dict[str, Any] = {
+        "scenario": scenario,
+        "table": env.table_name,
+        "rows": env.rows_of(),
+        "row_bytes": row_bytes,
+        "reps": reps,
+        "results": [],
+    }
+    try:
+        module = importlib.import_module(SCENARIOS[scenario])
+        progress(f"[{label}] preparing {env.rows_of():,} rows and the paths")
+        paths = list(module.build(env))
+    except Exception as exc:  # noqa: BLE001 - a scenario that cannot start is reported, not fatal
+        logger.debug("scenario %s failed to build", scenario, exc_info=True)
+        out["error"] = _error_text(exc)
+        progress(f"[{label}] cannot run: {out['error']}")
+        return out
+    if peers is not None:
+        wanted = set(peers)
+        paths = [p for p in paths if p.kind == "ours" or p.name in wanted]
+    results = {p.name: _result(p, row_bytes) for p in paths}
+    live = [p for p in paths if p.unavailable is None]
+    for p in paths:
+        if p.unavailable is not None:
+            progress(f"[{label}] {p.name}: not run: {p.unavailable}")
+
+    def _once(p: BenchPath, what: str) -> tuple[int, float] | None:
+        res = results[p.name]
+        t0 = time.perf_counter()
+        try:
+            n = int(p.run())
+        except Exception as exc:  # noqa: BLE001 - one failing path must not stop the others
+            res["ok"] = False
+            res["error"] = _error_text(exc)
+            res["traceback"] = traceback.format_exc()[-4000:]
+            progress(f"[{label}] {p.name} {what}: FAILED: {res['error']}")
+            return None
+        dt = time.perf_counter() - t0
+        rate = n / dt if dt > 0 else 0.0
+        progress(f"[{label}] {p.name} {what}: {n:,} rows in {dt:.2f} s ({rate:,.0f} rows/s)")
+        return n, dt
+
+    try:
+        if warmup:
+            for p in live:
+                _once(p, "warm-up")
+        for rep in range(reps):
+            for p in live:
+                if not results[p.name]["ok"]:
+                    continue
+                got = _once(p, f"rep {rep + 1}/{reps}")
+                if got is not None:
+                    results[p.name]["rep_rows"].append(got[0])
+                    results[p.name]["rep_seconds"].append(got[1])
+    finally:
+        for p in paths:
+            if p.close is not None:
+                try:
+                    p.close()
+                except Exception as exc:  # noqa: BLE001 - report, keep closing the rest
+                    progress(f"[{label}] {p.name}: close failed: {_error_text(exc)}")
+                    # close() verifies what the repetitions could not (e.g. final row counts)
+                    res = results[p.name]
+                    if res["ok"]:
+                        res["ok"] = False
+                        res["error"] = "on close: " + _error_text(exc)
+    for p in paths:
+        _finish(results[p.name], p, row_bytes)
+    out["results"] = list(results.values())
+    _ratios(out["results"])
+    extra = getattr(module, "extra", None)
+    if extra is not None:
+        try:
+            out.update(extra(env, out["results"], progress=progress) or {})
+        except Exception as exc:  # noqa: BLE001 - extras are reported, never fatal
+            out["extra_error"] = _error_text(exc)
+            progress(f"[{label}] extra measurements failed: {out['extra_error']}")
+    return out
+
+
+def _tables_for(module_name: str, requested: str | None, quick: bool) -> list[str]:
+    """--table if given; else the scenario's ``TABLES`` (only the first of them when quick)."""
+    if requested == "both":
+        return ["numeric", "mnist"]
+    if requested:
+        return [requested]
+    try:
+        module = importlib.import_module(module_name)
+        tables = list(getattr(module, "TABLES", ("numeric",)))
+    except Exception:  # noqa: BLE001 - the import error is reported by run_scenario
+        tables = ["numeric"]
+    return tables[:1] if quick else tables
+
+
+def run_bench(
+    scenarios: Sequence[str],
+    *,
+    rows: int,
+    mnist_rows: int | None = None,
+    reps: int = 3,
+    quick: bool = False,
+    peers: Sequence[str] | None = None,
+    table: str | None = None,
+    master: str = "local[*]",
+    driver_memory: str = "4g",
+    workdir: Path | None = None,
+    progress: Progress = _no_progress,
+) -> dict[str, Any]:
+    """Run ``scenarios`` in this process and return the whole report (JSON-ready).
+
+    The process changes its working directory to a scratch directory while Spark runs
+    (TensorFlowOnSpark writes an ``executor_id`` file into the executors' working directory)
+    and restores it afterwards.
+
+    Returns:
+        ``{"date", "stack", "machine", "master", "scenarios": [scenario objects]}``; every
+        scenario object also carries ``stack`` and ``machine`` so it stands alone.
+    """
+    if rows < 1:
+        raise ValueError(f"--rows must be >= 1, got {rows}")
+    mnist_rows = mnist_rows or max(1, rows // 10)
+    stack = stack_info()
+    machine = machine_info()
+    root = Path(tempfile.mkdtemp(prefix="dataplane-bench-", dir=workdir))
+    old_cwd = os.getcwd()
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "stack": stack,
+        "machine": machine,
+        "master": master,
+        "quick": quick,
+        "scenarios": [],
+    }
+    # Executors and TF nodes unpickle benchmark functions by module name: they need the
+    # checkout on their path (benchmarks/ is not installed). Restored afterwards.
+    old_pythonpath = os.environ.get("PYTHONPATH")
+    checkout = str(Path(__file__).resolve().parents[1])
+    parts = [p for p in (old_pythonpath or "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([checkout] + [p for p in parts if p != checkout])
+    os.chdir(root)
+    spark = None
+    try:
+        progress(f"starting Spark ({master}) on {machine['cores']} cores")
+        spark = spark_session(master, driver_memory=driver_memory)
+        report["master"] = spark.sparkContext.master
+        report["parallelism"] = spark.sparkContext.defaultParallelism
+        for scenario in scenarios:
+            for kind in _tables_for(SCENARIOS.get(scenario, ""), table, quick):
+                wd = root / f"{scenario}-{kind}"
+                wd.mkdir(parents=True, exist_ok=True)
+                env = BenchEnv(
+                    spark, rows=rows, mnist_rows=mnist_rows, workdir=wd, quick=quick,
+                    table_name=kind,
+                )
+                t0 = time.perf_counter()
+                try:
+                    obj = run_scenario(
+                        env, scenario, reps=reps, warmup=not quick, peers=peers,
+                        progress=progress,
+                    )
+                finally:
+                    env.release()
+                    shutil.rmtree(wd, ignore_errors=True)
+                obj["wall_seconds"] = round(time.perf_counter() - t0, 1)
+                obj["date"] = report["date"]
+                obj["stack"] = stack
+                obj["machine"] = machine
+                report["scenarios"].append(obj)
+    finally:
+        os.chdir(old_cwd)
+        if spark is not None:
+            spark.stop()
+        if old_pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_pythonpath
+        shutil.rmtree(root, ignore_errors=True)
+    return report

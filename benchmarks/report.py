@@ -1,0 +1,191 @@
+"""Render a bench JSON (one scenario object, a list of them, or ``{"scenarios": [...]}``).
+
+``markdown(doc)`` gives the table printed on stdout and pasted into the README; ``plot(doc,
+png)`` draws rows/s per path on a log scale, one group of bars per (scenario, table).
+Both read only the JSON, so a figure can be redrawn from an old run:
+``python -m benchmarks.report bench.json --plot bench.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["scenarios_of", "markdown", "plot", "main"]
+
+
+def scenarios_of(doc: Any) -> list[dict[str, Any]]:
+    """The scenario objects in a bench JSON document, whatever its top-level shape."""
+    if isinstance(doc, list):
+        return [d for d in doc if isinstance(d, dict)]
+    if isinstance(doc, dict) and "scenarios" in doc:
+        return list(doc["scenarios"])
+    if isinstance(doc, dict) and "scenario" in doc:
+        return [doc]
+    raise ValueError(
+        "not a bench JSON document: expected a scenario object, a list of them or "
+        f"{{'scenarios': [...]}}, got {type(doc).__name__}"
+    )
+
+
+def _fmt_rate(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def _ratio_cell(sc: dict[str, Any], res: dict[str, Any]) -> str:
+    """For a peer/ceiling row: ours / this path (how many times faster ours is)."""
+    if res.get("kind") == "ours":
+        return "-"
+    found = [
+        (ours["path"], (ours.get("ratio_vs") or {}).get(res["path"]))
+        for ours in sc.get("results", [])
+        if ours.get("kind") == "ours"
+    ]
+    found = [(name, r) for name, r in found if r is not None]
+    if len(found) == 1:
+        return f"{found[0][1]:.2f}x"
+    return ", ".join(f"{name} {r:.2f}x" for name, r in found) or "-"
+
+
+def markdown(doc: Any) -> str:
+    """One markdown table for every scenario in ``doc`` (ours first within each group)."""
+    scenarios = scenarios_of(doc)
+    head = scenarios[0] if scenarios else {}
+    lines = []
+    stack = head.get("stack") or (doc.get("stack") if isinstance(doc, dict) else None) or {}
+    machine = head.get("machine") or (doc.get("machine") if isinstance(doc, dict) else None) or {}
+    if stack:
+        lines.append(
+            f"Stack {stack.get('name') or ''}: Python {stack.get('python')}, "
+            f"PySpark {stack.get('pyspark')}, TensorFlow {stack.get('tensorflow')}, "
+            f"pyarrow {stack.get('pyarrow')}; machine {machine.get('cores')} cores, "
+            f"{machine.get('memory_gb')} GB"
+            + (f"; {doc['date']}" if isinstance(doc, dict) and doc.get("date") else "")
+        )
+        lines.append("")
+    lines.append("| scenario | table | path | kind | rows | rows/s | MB/s | ours / this | ok |")
+    lines.append("|---|---|---|---|---:|---:|---:|---:|---|")
+    order = {"ours": 0, "peer": 1, "ceiling": 2}
+    for sc in scenarios:
+        if sc.get("error") and not sc.get("results"):
+            lines.append(
+                f"| {sc['scenario']} | {sc.get('table', '')} | - | - | - | - | - | - | "
+                f"scenario failed: {_cell(sc['error'])} |"
+            )
+            continue
+        for res in sorted(sc.get("results", []), key=lambda r: order.get(r.get("kind"), 3)):
+            ok = "yes" if res.get("ok") else f"no: {_cell(res.get('error') or '')}"
+            rows = res.get("rows") or sc.get("rows")
+            rate = _fmt_rate(res["rows_per_s"]) if res.get("ok") else "-"
+            mbs = f"{res['mb_per_s']:.1f}" if res.get("ok") else "-"
+            lines.append(
+                f"| {sc['scenario']} | {sc.get('table', '')} | {res['path']} | "
+                f"{res.get('kind', '')} | {rows:,} | {rate} | {mbs} | {_ratio_cell(sc, res)} | {ok} |"
+            )
+    notes = _notes(scenarios)
+    if notes:
+        lines.append("")
+        lines.extend(notes)
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for sc in scenarios:
+        mem = sc.get("memory")
+        if mem:
+            verdict = "meets" if mem.get("within_target") else "MISSES"
+            out.append(
+                f"- {sc['scenario']}/{sc.get('table')}: consumer slowed {mem.get('slow_factor')}x, "
+                f"node buffer peak {mem.get('peak_bytes', 0) / 2**20:.2f} MiB vs limit "
+                f"{mem.get('limit_bytes', 0) / 2**20:.2f} MiB "
+                f"({mem.get('peak_over_limit', 0):.2f}x; target <= 1.10x: {verdict})"
+            )
+        fit = sc.get("fit")
+        if fit:
+            verdict = "meets" if fit.get("within_target") else "MISSES"
+            out.append(
+                f"- {sc['scenario']}/{sc.get('table')}: Keras fit fed by push runs at "
+                f"{fit.get('ratio', 0):.2f}x the in-memory fit (target >= 0.9x: {verdict})"
+            )
+    return out
+
+
+def plot(doc: Any, png: str | Path) -> Path:
+    """Draw rows/s per path (log scale), one group per (scenario, table), into ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = [sc for sc in scenarios_of(doc) if sc.get("results")]
+    colors = {"ours": "#1f77b4", "peer": "#ff7f0e", "ceiling": "#7f7f7f"}
+    width = max(6.0, 0.55 * sum(len(sc["results"]) for sc in scenarios) + 1.5)
+    fig, ax = plt.subplots(figsize=(width, 4.8))
+    x = 0.0
+    ticks, labels, group_mid, group_names = [], [], [], []
+    for sc in scenarios:
+        start = x
+        for res in sc["results"]:
+            rate = res.get("rows_per_s") or 0.0
+            if res.get("ok") and rate > 0:
+                ax.bar(x, rate, color=colors.get(res.get("kind"), "#2ca02c"), width=0.8)
+            else:
+                ax.text(x, 1.0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+            ticks.append(x)
+            labels.append(res["path"])
+            x += 1.0
+        group_mid.append((start + x - 1.0) / 2)
+        group_names.append(f"{sc['scenario']}\n{sc.get('table', '')}")
+        x += 0.8
+    ax.set_yscale("log")
+    ax.set_ylabel("rows/s (median, log scale)")
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+    for mid, name in zip(group_mid, group_names):
+        ax.annotate(name, (mid, 1.0), xycoords=("data", "axes fraction"), ha="center",
+                    va="bottom", fontsize=8, xytext=(0, 4), textcoords="offset points")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, list(colors), loc="lower right", fontsize=8)
+    first = scenarios[0] if scenarios else {}
+    stack = first.get("stack") or {}
+    ax.set_title(
+        f"dataplane bench: PySpark {stack.get('pyspark')}, TF {stack.get('tensorflow')}, "
+        f"pyarrow {stack.get('pyarrow')}", fontsize=9, pad=22,
+    )
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.report BENCH.json [--plot PNG]``: table on stdout, optional PNG."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
+    parser.add_argument("json", nargs="+", help="bench JSON file(s); several are concatenated")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the bar chart into PNG")
+    args = parser.parse_args(argv)
+    scenarios: list[dict[str, Any]] = []
+    for path in args.json:
+        scenarios.extend(scenarios_of(json.loads(Path(path).read_text())))
+    sys.stdout.write(markdown(scenarios))
+    if args.plot:
+        plot(scenarios, args.plot)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

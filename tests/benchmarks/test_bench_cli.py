@@ -1,0 +1,167 @@
+"""`dataplane bench` end to end: a real quick run of every scenario, checked for structure and
+row counts (never timings), plus the cheap checks on --help and on rendering from JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = 600
+SCENARIO_PATHS = {
+    "push": {"flight-push", "spark-mapinarrow", "flight-raw", "tfos"},
+    "train": {"flight-push", "in-memory"},
+}
+RESULT_KEYS = {"path", "rows_per_s", "mb_per_s", "seconds", "ok", "error"}
+STACK_KEYS = {"python", "pyspark", "tensorflow", "pyarrow"}
+
+
+def _installed(dist: str) -> bool:
+    try:
+        metadata.version(dist)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def _compat_stack() -> bool:
+    """The compat stack is the one where tensorflow-io and Petastorm are installed and usable."""
+    return _installed("tensorflow-io") and _installed("petastorm")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One `dataplane bench all --quick` in a subprocess (its own SparkSession and TF nodes)."""
+    out = tmp_path_factory.mktemp("bench")
+    cmd = [
+        sys.executable, "-m", "dataplane.cli", "bench", "all", "--quick",
+        "--rows", str(ROWS), "--mnist-rows", str(ROWS // 4),
+        "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=out, env=_env(), capture_output=True, text=True, timeout=900,
+    )
+    return proc, out
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_quick_run_of_every_scenario(quick_run):
+    proc, out = quick_run
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    doc = json.loads((out / "bench.json").read_text())
+    scenarios = doc["scenarios"]
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["memory_gb"] > 0
+    assert {s["scenario"] for s in scenarios} == {
+        "push", "pull-parquet", "pull-tfrecord", "export", "train"
+    }
+    assert {s["table"] for s in scenarios if s["scenario"] == "push"} == {"numeric", "mnist"}
+    compat = _compat_stack()
+    for sc in scenarios:
+        where = f"{sc['scenario']}/{sc['table']}"
+        assert "error" not in sc, f"{where} failed to build: {sc.get('error')}"
+        assert STACK_KEYS <= set(sc["stack"]) and all(sc["stack"][k] for k in STACK_KEYS)
+        assert sc["rows"] == (ROWS if sc["table"] == "numeric" else ROWS // 4)
+        assert sc["row_bytes"] == {"numeric": 68, "mnist": 3144}[sc["table"]]
+        assert sc["results"], where
+        names = {r["path"] for r in sc["results"]}
+        if sc["scenario"] in SCENARIO_PATHS:
+            assert names == SCENARIO_PATHS[sc["scenario"]], where
+        assert any(r["kind"] == "ours" for r in sc["results"]), where
+        for r in sc["results"]:
+            assert RESULT_KEYS <= set(r), (where, r)
+            if r["ok"]:
+                assert r["error"] is None, (where, r)
+                # every path delivered every row of its data (quick data is below any cap)
+                assert r["rows"] == sc["rows"], (where, r["path"], r["rows"])
+                assert r["rep_rows"] == [sc["rows"]], (where, r["path"])
+                assert r["rows_per_s"] > 0 and r["seconds"] > 0
+            else:
+                # only a peer that cannot run on this stack may be missing, and it says why
+                assert r["kind"] == "peer" and not compat, (where, r)
+                assert r["path"] in {"petastorm", "tfio"}, (where, r)
+                assert "compat" in r["error"], (where, r["error"])
+        for r in sc["results"]:
+            if r["kind"] == "ours" and r["ok"]:
+                others = {o["path"] for o in sc["results"] if o["kind"] != "ours" and o["ok"]}
+                assert set(r["ratio_vs"]) == others, where
+    # the table on stdout and the plot come from the same JSON
+    assert "| push | numeric | flight-push | ours |" in proc.stdout
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[push/numeric] flight-push" in proc.stderr  # progress went to stderr
+
+
+def test_help_imports_neither_tensorflow_nor_spark():
+    code = (
+        "import sys\n"
+        "from dataplane import cli\n"
+        "try:\n"
+        "    cli.main(['bench', '--help'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "print(sorted(m for m in ('tensorflow', 'pyspark', 'benchmarks.harness') if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--peers" in proc.stdout and "--quick" in proc.stdout and "--plot" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _doc():
+    return {
+        "date": "2026-01-01T00:00:00",
+        "scenarios": [
+            {
+                "scenario": "push", "table": "numeric", "rows": 1000, "row_bytes": 68,
+                "stack": {"python": "3.11", "pyspark": "4", "tensorflow": "2", "pyarrow": "26"},
+                "machine": {"cores": 2, "memory_gb": 8},
+                "results": [
+                    {"path": "flight-push", "kind": "ours", "rows_per_s": 2000.0,
+                     "mb_per_s": 0.136, "seconds": 0.5, "ok": True, "error": None,
+                     "rows": 1000, "ratio_vs": {"tfos": 4.0}},
+                    {"path": "tfos", "kind": "peer", "rows_per_s": 500.0, "mb_per_s": 0.034,
+                     "seconds": 2.0, "ok": True, "error": None, "rows": 1000},
+                    {"path": "petastorm", "kind": "peer", "rows_per_s": 0.0, "mb_per_s": 0.0,
+                     "seconds": 0.0, "ok": False, "error": "needs the compat stack | x",
+                     "rows": 0},
+                ],
+                "memory": {"slow_factor": 10, "limit_bytes": 2 << 20, "peak_bytes": 2 << 20,
+                           "peak_over_limit": 1.0, "within_target": True},
+            }
+        ],
+    }
+
+
+def test_markdown_table_from_json():
+    text = report.markdown(_doc())
+    assert "| push | numeric | flight-push | ours | 1,000 | 2.0k | 0.1 | - | yes |" in text
+    assert "| push | numeric | tfos | peer | 1,000 | 500 | 0.0 | 4.00x | yes |" in text
+    # a peer that could not run keeps its row, with the reason (pipes escaped for markdown)
+    assert "| petastorm | peer |" in text and "no: needs the compat stack / x" in text
+    assert "target <= 1.10x: meets" in text
+    # a bare scenario object and a list render the same rows
+    single = report.markdown(_doc()["scenarios"][0])
+    assert single.splitlines()[-4:] == text.splitlines()[-4:]
+
+
+def test_plot_from_json(tmp_path):
+    png = report.plot(_doc(), tmp_path / "b.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
