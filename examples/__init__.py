@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m examples.<name> [--help]`` from the repository root."""

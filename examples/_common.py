@@ -1,0 +1,115 @@
+"""Pieces every example shares: a Spark session, the digits data, a Keras MLP, waiting on nodes.
+
+Nothing here runs at import: node processes import the examples to find their ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+#: The digits data set: 1797 8x8 images; rows with ``id % 5 == 0`` are the test split.
+TEST_EVERY = 5
+
+
+def spark_session(app: str) -> Any:
+    """The active SparkSession, or a local one (2 cores, loopback) when run by plain ``python``.
+
+    Under ``spark-submit`` (or when a session already exists, as in the tests) the configured
+    master is used unchanged.
+    """
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app)
+    if not SparkConf().contains("spark.master"):
+        builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.sql.shuffle.partitions", "4"))
+    return builder.getOrCreate()
+
+
+def digits_arrays(rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, pixels scaled to 0..1 as float32 [n, 64], labels int64) of scikit-learn's digits."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    n = len(d.target) if rows is None else min(rows, len(d.target))
+    return (np.arange(n, dtype=np.int64), (d.data[:n] / 16.0).astype(np.float32),
+            d.target[:n].astype(np.int64))
+
+
+def split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, test) for the ids."""
+    test = ids % TEST_EVERY == 0
+    return ~test, test
+
+
+def digits_frame(spark: Any, rows: int | None = None, *, partitions: int = 4) -> Any:
+    """Digits as a DataFrame: ``id`` long, ``pixels`` array<float> (64, scaled 0..1), ``label``."""
+    import pyarrow as pa
+
+    ids, x, y = digits_arrays(rows)
+    table = pa.table({
+        "id": ids,
+        "pixels": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64).cast(
+            pa.list_(pa.float32())),
+        "label": y,
+    })
+    return spark.createDataFrame(table.to_pandas(), "id long, pixels array<float>, label long") \
+        .repartition(partitions, "id")
+
+
+def build_mlp(hidden: int = 64, lr: float = 0.01) -> Any:
+    """A two-layer Keras classifier for 64 pixel inputs (named layers: ``hidden``, ``probs``)."""
+    import keras
+
+    model = keras.Sequential([
+        keras.Input(shape=(64,), name="pixels"),
+        keras.layers.Dense(hidden, activation="relu", name="hidden"),
+        keras.layers.Dense(10, activation="softmax", name="probs"),
+    ])
+    model.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def evaluate_local(model: Any) -> float:
+    """Accuracy of a Keras model on the digits test split (computed where it is called)."""
+    ids, x, y = digits_arrays()
+    _, test = split(ids)
+    # a direct call, not predict(): under MultiWorkerMirroredStrategy predict() would run
+    # collectives with workers that may already have finished
+    probs = np.asarray(model(x[test], training=False))
+    return float(np.mean(np.argmax(probs, axis=1) == y[test]))
+
+
+def write_json(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def wait_for_training(cluster: Any, timeout: float = 900.0) -> None:
+    """Block until every chief/worker ``main`` has returned (pull mode: nothing is pushed, so
+    ``shutdown`` alone would not wait for training to end)."""
+    workers = {n.node_id for n in cluster.nodes if n.role in ("chief", "worker")}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = cluster.metrics()
+        if all(states.get(i, {}).get("main") != "running" for i in workers):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"training did not finish within {timeout:.0f} s")
