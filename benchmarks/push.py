@@ -48,6 +48,8 @@ TABLES = ("numeric", "mnist")
 TFOS_MAX_ROWS = 20_000
 BATCH_SIZE = 1024
 SLOW_FACTOR = 10
+MEMORY_MIN_BUFFER = 256 * 1024
+MEMORY_CHUNK = 64 * 1024
 _COUNT_SCHEMA = "n long"
 
 
@@ -213,7 +215,8 @@ class FlightPushPath:
     """``flight-push``: one dataplane cluster, one ``train`` per repetition."""
 
     def __init__(self, env: Any, *, num_nodes: int = 2, batch_size: int = BATCH_SIZE,
-                 buffer_bytes: int | None = None, slow_factor: int = 1, name: str = "push") -> None:
+                 buffer_bytes: int | None = None, max_chunk_bytes: int | None = None,
+                 slow_factor: int = 1, name: str = "push") -> None:
         self.spark = env.spark
         self.df = env.dataframe()
         self.rows = env.rows_of()
@@ -221,7 +224,11 @@ class FlightPushPath:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.num_nodes = num_nodes
         self.args = {"dir": str(self.dir), "batch_size": batch_size, "slow_factor": slow_factor}
-        self.run_kwargs = {"buffer_bytes": buffer_bytes} if buffer_bytes else {}
+        self.run_kwargs: dict[str, int] = {}
+        if buffer_bytes:
+            self.run_kwargs["buffer_bytes"] = buffer_bytes
+        if max_chunk_bytes:
+            self.run_kwargs["max_chunk_bytes"] = max_chunk_bytes
         self.cluster: Any = None
         self.epoch = 0
         self.last_report: Any = None
@@ -428,10 +435,14 @@ def extra(env: Any, results: list[dict[str, Any]], *, progress: Callable[[str], 
         return {}
     rows = env.rows_of()
     per_node = rows * env.row_bytes() // 2
-    limit = max(2 << 20, per_node // 4)  # a quarter of each node's share: it must fill
+    # a quarter of each node's share, so the buffer must fill; messages well below it
+    limit = max(MEMORY_MIN_BUFFER, per_node // 4)
     label = f"push/{env.table_name}"
     progress(f"[{label}] memory check: consumer slowed {SLOW_FACTOR}x, buffer {limit / 2**20:.1f} MiB")
-    path = FlightPushPath(env, buffer_bytes=limit, slow_factor=SLOW_FACTOR, name="memory")
+    path = FlightPushPath(
+        env, buffer_bytes=limit, max_chunk_bytes=MEMORY_CHUNK, slow_factor=SLOW_FACTOR,
+        name="memory",
+    )
     try:
         fast = path()  # epoch 0: the consumer's own pace, which sets the sleep
         t0 = time.perf_counter()
