@@ -132,6 +132,7 @@ def plot(doc: Any, png: str | Path) -> Path:
 
     scenarios = [sc for sc in scenarios_of(doc) if sc.get("results")]
     colors = {"ours": "#1f77b4", "peer": "#ff7f0e", "ceiling": "#7f7f7f"}
+    several_stacks = len({(sc.get("stack") or {}).get("name") for sc in scenarios}) > 1
     width = max(6.0, 0.55 * sum(len(sc["results"]) for sc in scenarios) + 1.5)
     fig, ax = plt.subplots(figsize=(width, 4.8))
     x = 0.0
@@ -143,12 +144,16 @@ def plot(doc: Any, png: str | Path) -> Path:
             if res.get("ok") and rate > 0:
                 ax.bar(x, rate, color=colors.get(res.get("kind"), "#2ca02c"), width=0.8)
             else:
-                ax.text(x, 1.0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+                ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90,
+                        transform=ax.get_xaxis_transform())
             ticks.append(x)
             labels.append(res["path"])
             x += 1.0
         group_mid.append((start + x - 1.0) / 2)
-        group_names.append(f"{sc['scenario']}\n{sc.get('table', '')}")
+        stack_name = (sc.get("stack") or {}).get("name") if several_stacks else None
+        group_names.append(
+            f"{sc['scenario']}\n{sc.get('table', '')}" + (f"\n{stack_name}" if stack_name else "")
+        )
         x += 0.8
     ax.set_yscale("log")
     ax.set_ylabel("rows/s (median, log scale)")
@@ -159,15 +164,20 @@ def plot(doc: Any, png: str | Path) -> Path:
                     va="bottom", fontsize=8, xytext=(0, 4), textcoords="offset points")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     ax.legend(handles, list(colors), loc="lower right", fontsize=8)
-    first = scenarios[0] if scenarios else {}
-    stack = first.get("stack") or {}
+    stacks = []
+    for sc in scenarios:
+        st = sc.get("stack") or {}
+        text = (f"{st.get('name') or 'stack'}: PySpark {st.get('pyspark')}, "
+                f"TF {st.get('tensorflow')}, pyarrow {st.get('pyarrow')}")
+        if text not in stacks:
+            stacks.append(text)
+    machine = (scenarios[0].get("machine") or {}) if scenarios else {}
     ax.set_title(
-        f"dataplane bench: PySpark {stack.get('pyspark')}, TF {stack.get('tensorflow')}, "
-        f"pyarrow {stack.get('pyarrow')}", fontsize=9, pad=22,
+        "dataplane bench (" + "; ".join(stacks) + f"; {machine.get('cores')} cores)",
+        fontsize=8, pad=36 if several_stacks else 24,
     )
-    fig.tight_layout()
     png = Path(png)
-    fig.savefig(png, dpi=120)
+    fig.savefig(png, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return png
 

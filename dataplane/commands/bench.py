@@ -47,28 +47,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver-memory", default="4g", help="Spark driver memory (default 4g)")
 
 
-def _checkout_on_path() -> None:
-    """``benchmarks/`` is not installed: find it beside the (editable) ``dataplane`` package."""
+def _checkout_on_path() -> str | None:
+    """``benchmarks/`` is not installed: find it beside the (editable) ``dataplane`` package.
+
+    Returns:
+        None when ``benchmarks`` is importable, else what is wrong and how to fix it.
+    """
     try:
         import benchmarks  # noqa: F401
 
-        return
+        return None
     except ImportError:
         pass
     import dataplane
 
     checkout = Path(dataplane.__file__).resolve().parents[1]
     if not (checkout / "benchmarks" / "harness.py").is_file():
-        raise SystemExit(
-            f"dataplane bench needs a source checkout: no benchmarks/ beside {checkout / 'dataplane'}; "
-            "run it from a clone of the repository installed with `pip install -e .`"
+        return (
+            f"dataplane bench needs a source checkout: no benchmarks/ beside "
+            f"{checkout / 'dataplane'}; run it from a clone of the repository installed with "
+            f"`pip install -e .`"
         )
     sys.path.insert(0, str(checkout))
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns 0 when every path that could run ran ok, else 1."""
-    _checkout_on_path()
+    problem = _checkout_on_path()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     from benchmarks import harness, report
 
     rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else 200_000)
