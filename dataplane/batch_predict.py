@@ -249,8 +249,8 @@ def _dense_shapes(batch: pa.RecordBatch, cols: Sequence[str]) -> dict[str, tuple
     for c in cols:
         t = batch.schema.field(c).type
         if pa.types.is_list(t) or pa.types.is_large_list(t):
-            first = next((v for v in batch.column(c).to_pylist()[:1] if v is not None), None)
-            if first is not None:
+            first = batch.column(c).slice(0, 1).to_pylist()[0] if batch.num_rows else None
+            if first is not None:  # a null first row: to_numpy names the column and the fix
                 shapes[c] = tuple(np.shape(first))
     return shapes
 

@@ -152,8 +152,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _spark_failure_text(exc: BaseException) -> str:
+    """The informative lines of a failed Spark job (the messages, not the JVM stack frames)."""
+    lines = [
+        ln.strip() for ln in str(exc).splitlines()
+        if ln.strip() and not ln.lstrip().startswith(("at ", "... "))
+    ]
+    return "\n".join(lines[:TRACEBACK_LINES]) or type(exc).__name__
+
+
 def _spark_context(spark: Any) -> Any:
-    sc = getattr(spark, "sparkContext", spark)
+    try:
+        sc = getattr(spark, "sparkContext", spark)
+    except Exception:  # noqa: BLE001 - Spark Connect raises a not-implemented error here
+        sc = None
     if not hasattr(sc, "parallelize"):
         raise TypeError(
             f"tune: spark must be a classic SparkSession or SparkContext, got "
@@ -356,13 +368,12 @@ def tune(
         try:
             return sc.parallelize([payload], 1).map(_run_trial).collect()[0]
         except Exception as exc:  # noqa: BLE001 - the task itself died (worker crash, OOM...)
-            text = str(exc).strip().splitlines()
             return {
                 "trial": index,
                 "metrics": {},
                 "seconds": float("nan"),
                 "status": "error",
-                "error": "Spark task failed: " + "\n".join(text[-TRACEBACK_LINES:]),
+                "error": "Spark task failed: " + _spark_failure_text(exc),
             }
 
     try:

@@ -68,6 +68,20 @@ def test_failing_trial_is_recorded_not_fatal(spark):
     assert "Traceback" in rows[2]["error"] and "flaky" in rows[2]["error"]
 
 
+def crashing(params, data):
+    if params["units"] == 2:
+        os._exit(3)  # the Python worker dies: no exception, no traceback
+    return {"loss": float(params["units"])}
+
+
+def test_crashed_worker_is_recorded_not_fatal(spark):
+    out = tune(spark, crashing, {"units": [1, 2, 3]}, metric="loss")
+    rows = [r.asDict() for r in out.collect()]
+    assert [(r["units"], r["status"]) for r in rows] == [(1, "ok"), (3, "ok"), (2, "error")]
+    assert rows[2]["error"].startswith("Spark task failed")
+    assert "Python worker exited unexpectedly" in rows[2]["error"]
+
+
 def test_missing_metric_is_a_trial_error(spark):
     out = tune(spark, lambda p, d: {"accuracy": 0.5}, {"a": [1]}, metric="loss")
     row = out.collect()[0]
