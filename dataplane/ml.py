@@ -151,9 +151,11 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
         args: a dict or Namespace merged into ``args`` (default: nothing extra).
         **params: any of the stage's params (``inputCols``, ``labelCol``, ``exportDir``, ...).
 
-    With ``numNodes > 1`` every worker receives a share of the rows; use
-    ``tf.distribute.MultiWorkerMirroredStrategy`` in ``train_fn`` to train one model
-    (``TF_CONFIG`` is already set), otherwise only the chief's model is saved.
+    With ``numNodes > 1`` every worker receives a share of the rows; to train one model, create
+    a ``tf.distribute.MultiWorkerMirroredStrategy`` first thing in ``train_fn`` (``TF_CONFIG`` is
+    set) and train with a custom loop, since Keras 3's ``fit`` does not run under that strategy
+    (``examples/digits_push.py`` has one). Otherwise each node trains alone and only the chief's
+    model is saved.
     """
 
     labelCol = Param(Params._dummy(), "labelCol", "label column pushed with the inputs; '' for "
