@@ -206,5 +206,5 @@ def test_unauthenticated_clients_are_refused(cluster):
     desc = flight.FlightDescriptor.for_command(json.dumps({"kind": "feed", "epoch": 0, "partition": 0}))
     with pytest.raises(flight.FlightUnauthenticatedError):
         w, _ = client.do_put(desc, pa.schema([("id", pa.int64())]), options=wrong)
-        w.write_batch(pa.record_batch({"id": [1]}))
+        w.write_batch(pa.RecordBatch.from_pydict({"id": [1]}))
         w.close()
