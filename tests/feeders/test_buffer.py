@@ -1,0 +1,130 @@
+"""The node's feed buffer without Spark: dedupe, backpressure, stop, equal batches."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dataplane.errors import FeedError
+from feeders.buffer import ConsumerFinished, EpochInfo, FeedBuffer, FeedStopped
+from feeders.push import split_counts
+from feeders.source import iterate_epoch
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def _batches(start: int, stop: int, size: int):
+    for s in range(start, stop, size):
+        yield pa.RecordBatch.from_arrays([pa.array(np.arange(s, min(s + size, stop)))], schema=SCHEMA)
+
+
+def _drain(buf: FeedBuffer, epoch: int, *, batch_size: int = 7, workers: int = 1) -> list[int]:
+    out: list[int] = []
+    for t in iterate_epoch(buf, epoch, batch_size=batch_size, num_workers=workers,
+                           drop_remainder=False, convert=lambda t: t.column("id").to_pylist()):
+        out.extend(t)
+    return out
+
+
+def test_a_retried_attempt_only_adds_rows_the_first_did_not_deliver():
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+
+    def dying():  # first attempt: 30 rows, then the task dies
+        yield from _batches(0, 30, 10)
+        raise RuntimeError("task killed")
+
+    with pytest.raises(RuntimeError):
+        buf.put_stream(0, 5, dying())
+    assert buf.put_stream(0, 5, _batches(0, 100, 25)) == 70  # the retry re-sends everything
+    buf.end_epoch(0, 100)
+    assert _drain(buf, 0) == list(range(100))
+    assert buf.snapshot()["rows_duplicate"] == 30
+
+
+def test_concurrent_speculative_attempts_deliver_each_row_once():
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    threads = [
+        threading.Thread(target=buf.put_stream, args=(0, 1, _batches(0, 5000, size)))
+        for size in (13, 64)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    buf.end_epoch(0, 5000)
+    got = _drain(buf, 0, batch_size=100)
+    assert sorted(got) == list(range(5000))
+    assert buf.snapshot()["rows_duplicate"] == 5000
+
+
+def test_producers_wait_on_a_full_buffer_and_stop_unblocks_them():
+    one = next(_batches(0, 100, 100)).nbytes
+    buf = FeedBuffer(3 * one)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    errors = []
+
+    def produce():
+        try:
+            buf.put_stream(0, 0, _batches(0, 10_000, 100))
+        except FeedStopped as e:
+            errors.append(e)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    time.sleep(0.5)
+    snap = buf.snapshot()
+    assert snap["buffer_bytes"] <= 3 * one and snap["rows_in"] == 300  # held at the limit
+    t0 = time.monotonic()
+    buf.stop()
+    t.join(5)
+    assert not t.is_alive() and errors and time.monotonic() - t0 < 2
+
+
+def test_consumer_finished_refuses_more_data():
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    buf.consumer_finished()
+    with pytest.raises(ConsumerFinished):
+        buf.put_stream(0, 0, _batches(0, 10, 5))
+
+
+def test_data_for_an_unannounced_epoch_is_an_error():
+    buf = FeedBuffer(1 << 20)
+    with pytest.raises(FeedError, match="before the driver announced"):
+        buf.put_stream(3, 0, _batches(0, 10, 5))
+
+
+@pytest.mark.parametrize("sizes", [[1, 3, 0, 500], [7, 7, 7], [0], [1000, 1]])
+def test_split_keeps_workers_within_one_row_per_partition(sizes):
+    workers = 3
+    totals = [0] * workers
+    for p, n in enumerate(sizes):
+        shares = split_counts(n, workers, p)
+        assert sum(shares) == n and max(shares) - min(shares) <= (1 if n else 0)
+        totals = [a + b for a, b in zip(totals, shares)]
+    assert max(totals) - min(totals) <= len(sizes)
+
+
+def test_a_worker_never_yields_past_the_final_limit():
+    # two workers fed 3 uneven partitions each; yields stop at the driver's limit
+    bufs = [FeedBuffer(1 << 20) for _ in range(2)]
+    for b in bufs:
+        b.begin_epoch(EpochInfo(0, SCHEMA))
+    start = 0
+    for p, n in enumerate([5, 9, 1]):
+        shares = split_counts(n, 2, p)
+        for k, b in enumerate(bufs):
+            b.put_stream(0, p, _batches(start, start + shares[k], 4))
+            start += shares[k]
+    limit = min(b.epoch_rows(0) for b in bufs)
+    for b in bufs:
+        b.end_epoch(0, limit)
+    got = [_drain(b, 0, batch_size=3, workers=2) for b in bufs]
+    assert len(got[0]) == len(got[1]) == limit
+    assert not set(got[0]) & set(got[1])
