@@ -93,9 +93,11 @@ def test_tune(spark):
 def test_predict(spark):
     from examples import predict_digits
 
-    m = predict_digits.run(["--epochs", "10"])
-    assert m["rows"] == 360 and m["accuracy"] > FLOOR and m["feature_width"] == 64
-    assert m["columns"] == ["id", "pixels", "label", "probs", "features"]
+    # --layer '' skips the second pass (hidden-layer features): it doubles the executor
+    # processes importing TF, and tests/dataplane/test_predict.py covers layer extraction
+    m = predict_digits.run(["--epochs", "10", "--layer", ""])
+    assert m["rows"] == 360 and m["accuracy"] > FLOOR and m["feature_width"] == 0
+    assert m["columns"] == ["id", "pixels", "label", "probs"]
 
 
 @pytest.mark.cluster
