@@ -7,6 +7,7 @@ Imports nothing heavy at module import: Spark, TensorFlow and the scenario modul
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -94,11 +95,14 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    doc = harness.run_bench(
-        scenarios, rows=rows, mnist_rows=args.mnist_rows, reps=reps, quick=args.quick,
-        peers=peers, table=args.table, master=args.master, driver_memory=args.driver_memory,
-        progress=progress,
-    )
+    # stdout carries only the table: anything a peer prints (Petastorm's cache messages) goes
+    # to stderr with the progress lines.
+    with contextlib.redirect_stdout(sys.stderr):
+        doc = harness.run_bench(
+            scenarios, rows=rows, mnist_rows=args.mnist_rows, reps=reps, quick=args.quick,
+            peers=peers, table=args.table, master=args.master, driver_memory=args.driver_memory,
+            progress=progress,
+        )
     # A single (scenario, table) run writes the bare scenario object (the documented shape);
     # anything more writes {"scenarios": [...]} with the stack and machine on top.
     out = doc["scenarios"][0] if len(doc["scenarios"]) == 1 else doc
