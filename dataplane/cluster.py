@@ -314,10 +314,11 @@ class Cluster:
     def shutdown(self, timeout: float = 60.0) -> None:
         """Stop every node and wait (up to ``timeout`` s) until each process has exited.
 
-        Workers first get to finish the epochs already pushed (their main keeps running until
-        it has iterated them or returns); then every node is told to stop: datasets waiting for
-        more data end, ``ctx.serve`` returns, and a main that still runs after ``stop_grace``
-        seconds is ended with its process.
+        The chief and workers first get to finish what they are doing (training on the epochs
+        already pushed, or reading files in pull mode) until their main returns or only waits
+        for the driver; then every node is told to stop: datasets waiting for more data end,
+        ``ctx.serve`` returns, and a main that still runs after ``stop_grace`` seconds is ended
+        with its process (a parameter server's ``server.join()``, say).
 
         Calling it again is a no-op.
 
@@ -457,24 +458,29 @@ class Cluster:
             logger.warning("the launch job ended with %s after every node registered", e)
 
     def _drain(self, deadline: float) -> None:
-        """Let the workers finish the epochs already pushed (until main returns or all pushed
-        epochs are consumed), so ``train`` then ``shutdown`` never drops pushed rows."""
-        waiting: list[int] = []
+        """Let every chief and worker finish what it is doing before it is told to stop.
+
+        A main is left alone while it is busy (training on pushed epochs, reading files in
+        pull mode, saving a model); it is stopped once it only waits for the driver (blocked on
+        the next epoch, or serving inference) or has returned. ``train`` then ``shutdown``
+        therefore never drops pushed rows, and pull-mode training is not cut short.
+        """
+        busy: list[int] = []
         while time.monotonic() < deadline:
-            waiting = []
+            busy = []
             for n in self._live_workers():
                 try:
                     m = self._node_action(n, "metrics", {}, timeout=5.0)
                 except NodeError:
                     return
-                if m.get("main") == "running" and m["epochs_consumed"] < m["epochs_begun"]:
-                    waiting.append(n.node_id)
-            if not waiting or self._node_failure() is not None:
+                if m.get("main") == "running" and not m.get("idle"):
+                    busy.append(n.node_id)
+            if not busy or self._node_failure() is not None:
                 return
             time.sleep(0.25)
         logger.warning(
-            "shutdown: node(s) %s had not consumed every pushed epoch when the timeout ran out; "
-            "stopping them anyway", waiting,
+            "shutdown: node(s) %s were still running main when the timeout ran out; stopping "
+            "them anyway", busy,
         )
 
     def _stop_nodes(self, timeout: float) -> None:

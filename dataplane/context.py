@@ -140,11 +140,18 @@ class NodeContext:
                 rows all have the same length arrive 2-D ``[rows, n]``) and returns
                 ``{output_name: np.ndarray}`` with one entry per input row in each array.
         """
+        broker = self._broker
+        broker.serving = True
+        try:
+            self._serve_loop(broker, predict)
+        finally:
+            broker.serving = False
+
+    def _serve_loop(self, broker, predict) -> None:  # type: ignore[no-untyped-def]
         import queue
 
         from formats.schema import column_specs, to_numpy
 
-        broker = self._broker
         while not self._stop.is_set():
             try:
                 batch, fut = broker.requests.get(timeout=0.2)

@@ -41,6 +41,7 @@ class InferenceBroker:
     def __init__(self) -> None:
         self.requests: queue.Queue[tuple[pa.RecordBatch, Future]] = queue.Queue()
         self.stopped = threading.Event()
+        self.serving = False  # ctx.serve is running: main waits for the driver's requests
         self.rows = 0
         self.batches = 0
 
@@ -165,6 +166,8 @@ class NodeServer(flight.FlightServerBase):
             m["inference_rows"] = self.broker.rows
             m["inference_batches"] = self.broker.batches
             m["main"] = self.main_state
+            # main only waits for the driver (next epoch, or inference requests): safe to stop
+            m["idle"] = self.buffer.idle_waiters > 0 or self.broker.serving
             m["time"] = time.time()
             return json_result(m)
         if name == "shutdown":

@@ -68,6 +68,7 @@ class FeedBuffer:
         self._bytes = 0
         self._stopped = False
         self._consumer_done = False
+        self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
         self.next_epoch = 0  # the epoch the next dataset iteration will read
         self.metrics = {
             "rows_in": 0,
@@ -200,13 +201,17 @@ class FeedBuffer:
         """The announced info of ``epoch``; ``None`` if the node stopped first (or timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while epoch not in self._epochs:
-                if self._stopped:
-                    return None
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                self._cond.wait(0.5)
-            return self._epochs[epoch].info
+            self.idle_waiters += 1
+            try:
+                while epoch not in self._epochs:
+                    if self._stopped:
+                        return None
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                    self._cond.wait(0.5)
+                return self._epochs[epoch].info
+            finally:
+                self.idle_waiters -= 1
 
     def take(self, epoch: int) -> tuple[list[pa.RecordBatch], int, int | None]:
         """Block until there is data or news for ``epoch``; take every queued batch.

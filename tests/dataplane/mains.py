@@ -96,3 +96,9 @@ def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Wait for shutdown (used where only the lifecycle matters)."""
     while not ctx.should_stop:
         time.sleep(0.1)
+
+
+def pull_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Busy for a while without pushed data (pull mode), then record that it finished."""
+    time.sleep(args["seconds"])
+    _write(os.path.join(args["dir"], f"finished{ctx.node_id}.json"), {"ok": True})

@@ -105,3 +105,14 @@ def test_importing_dataplane_does_not_import_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
+    from tests.dataplane.mains import pull_main
+
+    # pull mode: main is busy for 12 s, longer than stop_grace; shutdown must not cut it short
+    cluster = dataplane.run(spark, pull_main, {"dir": str(tmp_path), "seconds": 12}, num_nodes=2, stop_grace=2.0)
+    t0 = time.monotonic()
+    cluster.shutdown(timeout=60)
+    assert all((tmp_path / f"finished{i}.json").exists() for i in (0, 1))
+    assert time.monotonic() - t0 < 40
