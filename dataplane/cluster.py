@@ -222,6 +222,7 @@ class Cluster:
         self._state = "starting"
         self._lock = threading.Lock()
         self._clients: dict[int, Any] = {}
+        self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
         self.topology: Topology | None = None
 
     # -- public -------------------------------------------------------------------------------
@@ -365,6 +366,23 @@ class Cluster:
         e = self._epoch
         self._epoch += 1
         return e
+
+    def _shapes_of(self, df: Any, compute: Callable[[], dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+        """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
+        repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
+        import weakref
+
+        hit = self._shapes.get(id(df))
+        if hit is not None and hit[0]() is df:
+            return hit[1]
+        shapes = compute()
+        try:
+            self._shapes[id(df)] = (weakref.ref(df), shapes)
+        except TypeError:  # not weak-referenceable: just do not cache
+            pass
+        if len(self._shapes) > 64:
+            self._shapes = {k: v for k, v in self._shapes.items() if v[0]() is not None}
+        return shapes
 
     def _live_workers(self) -> list[NodeInfo]:
         snap = self._control.snapshot()

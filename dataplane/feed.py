@@ -138,7 +138,7 @@ def train(
     from formats.schema import column_specs
 
     column_specs(schema)  # unsupported column types fail here, naming the column
-    shapes = _array_shapes(df, schema)
+    shapes = cluster._shapes_of(df, lambda: _array_shapes(df, schema))
     schema_ipc = schema.serialize().to_pybytes()
     t0 = time.monotonic()
     report = FeedReport(0, 0, 0.0, {}, 0)
