@@ -3,60 +3,30 @@
 Writing is one ``DataFrame.mapInArrow`` job (so it also runs under Spark Connect). Each task
 encodes its Arrow batches with :func:`formats.example.encode_example_array` (vectorised, no
 Python object per row) and frames them into one file per partition, named by partition *and*
-task attempt, under ``<path>/_temporary/<job id>/``. Each task returns one small stats row;
-``collect()`` hands the driver exactly the rows of the attempts Spark counted as successful, and
-the driver then renames exactly those files to ``part-<partition>.tfrecord[.gz]``, deletes the
-staging area (failed, retried and speculative attempts' files with it) and writes the schema file
-(:mod:`formats.schemafile`). A failed job deletes the staging area, and the output directory too
-when the job created it, so nothing partial is left behind.
+task attempt; the driver commits exactly the successful attempts' files and writes the schema
+file (:mod:`formats.staging` has the staging and commit steps, shared with
+:func:`formats.parquet_to_tfrecords`). A failed job deletes the staging area, and the output
+directory too when the job created it, so nothing partial is left behind.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import threading
-import time
-import uuid
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
-from formats.schema import ColumnSpec, column_array, column_specs
+from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
-from formats.tfrecord import compression_suffix, normalize_compression
+from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, write_partition
+from formats.tfrecord import normalize_compression
 
 __all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
 
 logger = logging.getLogger(__name__)
-
-_STATS_SCHEMA = "partition INT, attempt INT, file STRING, rows BIGINT, bytes BIGINT, nulls STRING"
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    """What an export wrote.
-
-    Attributes:
-        path: the output directory (as given).
-        rows: rows written.
-        files: data files written (empty partitions write none).
-        bytes: bytes of the data files (compressed size when compressed).
-        seconds: wall time of the whole export, commit included.
-    """
-
-    path: str
-    rows: int
-    files: int
-    bytes: int
-    seconds: float
-
-    @property
-    def rows_per_s(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,126 +98,19 @@ class _WriteTask:
         self.compression = compression
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        from formats.example import encode_example_array
-        from formats.tfrecord import open_compressed, write_record_array
-
-        ctx = TaskContext.get()
-        pid = ctx.partitionId() if ctx else 0
-        attempt = ctx.attemptNumber() if ctx else 0
-        tid = ctx.taskAttemptId() if ctx else 0
-        name = (
-            f"{self.staging}/part-{pid:05d}-attempt-{attempt}-{tid}.tfrecord"
-            f"{compression_suffix(self.compression)}"
+        yield write_partition(
+            ((b, None) for b in batches),
+            filesystem=self.filesystem,
+            staging=self.staging,
+            specs=self.specs,
+            compression=self.compression,
         )
-        rows = 0
-        nulls = {s.name: 0 for s in self.specs}
-        raw = stream = None
-        try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                if raw is None:
-                    raw = self.filesystem.open_output_stream(name, compression=None)
-                    stream = open_compressed(raw, self.compression, mode="wb")
-                for s in self.specs:
-                    nulls[s.name] += column_array(batch, s.name).null_count
-                write_record_array(stream, encode_example_array(batch, self.specs))
-                rows += batch.num_rows
-        finally:
-            if stream is not None and stream is not raw:
-                stream.close()
-            if raw is not None:
-                raw.close()
-        size = self.filesystem.get_file_info(name).size if raw is not None else 0
-        yield pa.RecordBatch.from_pydict(
-            {
-                "partition": pa.array([pid], pa.int32()),
-                "attempt": pa.array([attempt], pa.int32()),
-                "file": pa.array([name if raw is not None else None], pa.string()),
-                "rows": pa.array([rows], pa.int64()),
-                "bytes": pa.array([size or 0], pa.int64()),
-                "nulls": pa.array([json.dumps(nulls)], pa.string()),
-            }
-        )
-
-
-class _Progress:
-    """Polls Spark's status tracker in a thread and reports (tasks done, tasks total)."""
-
-    def __init__(self, spark: Any, callback: Callable[[int, int], None] | None, interval: float = 0.25) -> None:
-        self.callback = callback
-        self.group = f"dataplane-export-{uuid.uuid4().hex[:12]}"
-        self.sc = None
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._prev_group = None
-        if callback is None:
-            return
-        try:
-            self.sc = spark.sparkContext  # classic Spark only; Spark Connect has no tracker
-        except Exception:  # noqa: BLE001 - Connect raises its own error types here
-            self.sc = None
-
-    def __enter__(self) -> "_Progress":
-        if self.sc is not None:
-            self._prev_group = self.sc.getLocalProperty("spark.jobGroup.id")
-            self.sc.setJobGroup(self.group, "dataplane export", interruptOnCancel=True)
-            self._thread = threading.Thread(target=self._run, name="export-progress", daemon=True)
-            self._thread.start()
-        return self
-
-    def _poll(self) -> None:
-        tracker = self.sc.statusTracker()  # type: ignore[union-attr]
-        done = total = 0
-        for job in tracker.getJobIdsForGroup(self.group):
-            info = tracker.getJobInfo(job)
-            for stage in info.stageIds if info else []:
-                s = tracker.getStageInfo(stage)
-                if s is not None:
-                    done += s.numCompletedTasks
-                    total += s.numTasks
-        if total:
-            self.callback(done, total)  # type: ignore[misc]
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self._poll()
-            except Exception:  # noqa: BLE001 - progress must never break the export
-                logger.debug("progress poll failed", exc_info=True)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            try:
-                self._poll()
-            except Exception:  # noqa: BLE001
-                pass
-            self.sc.setLocalProperty("spark.jobGroup.id", self._prev_group)  # type: ignore[union-attr]
-
-
-def job_progress(spark: Any, callback: Callable[[int, int], None] | None) -> _Progress:
-    """Context manager: Spark jobs started inside it report (tasks done, tasks total) to
-    ``callback`` from a polling thread (classic Spark; a no-op under Spark Connect or with no
-    callback)."""
-    return _Progress(spark, callback)
 
 
 def _resolve(path: str | os.PathLike, filesystem: Any) -> Any:
     from feeders.fs import resolve
 
     return resolve(path, filesystem=filesystem)
-
-
-def _remove(fs: Any, path: str) -> None:
-    try:
-        fs.delete_dir(path)
-    except (OSError, FileNotFoundError):
-        logger.debug("could not remove %s", path, exc_info=True)
 
 
 def write_tfrecords(
@@ -262,6 +125,9 @@ def write_tfrecords(
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write a DataFrame as ``tf.train.Example`` TFRecord files plus a schema file.
+
+    For a Parquet dataset on storage, :func:`formats.parquet_to_tfrecords` writes the same
+    records without moving the rows through the JVM (much faster for wide array columns).
 
     Args:
         df: a Spark DataFrame (classic or Spark Connect).
@@ -284,7 +150,6 @@ def write_tfrecords(
         SchemaError: a column TF cannot hold (named), before any file is written.
         StorageError: the output exists (mode="error") or cannot be written.
     """
-    started = time.perf_counter()
     comp = normalize_compression(compression)
     if num_files is not None and (not isinstance(num_files, int) or num_files < 1):
         raise ValueError(f"num_files must be a positive int or None, got {num_files!r}.")
@@ -292,80 +157,19 @@ def write_tfrecords(
         raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
     arrow_schema = spark_arrow_schema(df.schema)
     specs = column_specs(arrow_schema, flatten_structs=flatten_structs)
-
-    from pyarrow import fs as pafs
-
-    loc = _resolve(path, filesystem)
-    fs, root = loc.filesystem, loc.path.rstrip("/")
-    info = fs.get_file_info(root)
-    created = info.type == pafs.FileType.NotFound
-    if info.type == pafs.FileType.File:
-        raise StorageError(f"{loc.url} is a file; write_tfrecords needs a directory path.")
-    if not created and fs.get_file_info(pafs.FileSelector(root)):
-        if mode == "error":
-            raise StorageError(
-                f"{loc.url} already exists and is not empty; choose a new path or pass "
-                f"mode='overwrite'."
-            )
-        fs.delete_dir_contents(root)
-    job = uuid.uuid4().hex[:16]
-    staging = f"{root}/_temporary/{job}"
-    fs.create_dir(staging, recursive=True)
-    task = _WriteTask(fs, staging, specs, comp)
+    out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode)
+    task = _WriteTask(out.filesystem, out.staging, specs, comp)
     try:
         data = df.repartition(num_files) if num_files else df
-        with _Progress(df.sparkSession, progress):
-            stats = data.mapInArrow(task, _STATS_SCHEMA).collect()
-        committed = _commit(fs, root, stats, comp)
+        with job_progress(df.sparkSession, progress):
+            stats = data.mapInArrow(task, STATS_SCHEMA).collect()
+        return out.commit(
+            stats, specs=specs, compression=comp,
+            spark_schema=None if flatten_structs else df.schema.jsonValue(),
+        )
     except BaseException:
-        if created:
-            _remove(fs, root)
-        else:
-            _remove(fs, f"{root}/_temporary")
+        out.abort()
         raise
-    _remove(fs, f"{root}/_temporary")
-    rows = sum(r["rows"] for r in committed)
-    nulls: dict[str, int] = {s.name: 0 for s in specs}
-    for r in stats:
-        for k, v in json.loads(r["nulls"]).items():
-            nulls[k] = nulls.get(k, 0) + int(v)
-    spark_schema = None if flatten_structs else df.schema.jsonValue()
-    schema = TFRecordSchema(
-        specs=specs,
-        compression=comp,
-        num_rows=rows,
-        files=committed,
-        null_counts=nulls,
-        spark_schema=spark_schema,
-    )
-    from formats.schemafile import write_schema_file
-
-    write_schema_file(root, schema, filesystem=fs)
-    return ExportResult(
-        path=str(path),
-        rows=rows,
-        files=len(committed),
-        bytes=sum(r["bytes"] for r in committed),
-        seconds=time.perf_counter() - started,
-    )
-
-
-def _commit(fs: Any, root: str, stats: Sequence[Any], comp: str | None) -> list[dict[str, Any]]:
-    """Rename each partition's one successful attempt file into place."""
-    seen: set[int] = set()
-    out = []
-    for r in sorted(stats, key=lambda r: r["partition"]):
-        pid = r["partition"]
-        if pid in seen:  # cannot happen with collect(); never commit a partition twice
-            logger.warning("partition %d reported twice; keeping its first attempt", pid)
-            continue
-        seen.add(pid)
-        if not r["file"] or not r["rows"]:
-            continue
-        name = f"part-{pid:05d}.tfrecord{compression_suffix(comp)}"
-        fs.move(r["file"], f"{root}/{name}")
-        out.append({"path": name, "rows": int(r["rows"]), "bytes": int(r["bytes"])})
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,317 @@
+"""Attempt-keyed staging and driver commit for the TFRecord export jobs.
+
+Every export job that writes TFRecords (:func:`formats.write_tfrecords`,
+:func:`formats.parquet_to_tfrecords`) goes through the same steps, kept here so they cannot drift:
+
+1. :meth:`StagedOutput.prepare` checks the output directory (refuses a non-empty one unless
+   ``mode="overwrite"``) and creates ``<path>/_temporary/<job id>/``.
+2. Each Spark task writes one file named by partition *and* task attempt into that staging
+   directory with :func:`write_partition` and returns one stats row (:data:`STATS_SCHEMA`).
+3. ``collect()`` hands the driver exactly the stats rows of the attempts Spark counted as
+   successful; :meth:`StagedOutput.commit` renames exactly those files to
+   ``part-<partition>.tfrecord[.gz]``, deletes the staging area (failed, retried and speculative
+   attempts' files with it) and writes the schema file.
+4. On any failure :meth:`StagedOutput.abort` deletes the staging area, and the output directory
+   too when the job created it, so nothing partial is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import pyarrow as pa
+
+from dataplane.errors import SchemaError, StorageError
+from formats.schema import ColumnSpec, column_array
+from formats.tfrecord import compression_suffix
+
+__all__ = ["ExportResult", "STATS_SCHEMA", "StagedOutput", "write_partition", "job_progress"]
+
+logger = logging.getLogger(__name__)
+
+STATS_SCHEMA = "partition INT, attempt INT, file STRING, rows BIGINT, bytes BIGINT, nulls STRING"
+"""The one row each writing task returns (Spark DDL)."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote.
+
+    Attributes:
+        path: the output directory (as given).
+        rows: rows written.
+        files: data files written (empty partitions write none).
+        bytes: bytes of the data files (compressed size when compressed).
+        seconds: wall time of the whole export, commit included.
+    """
+
+    path: str
+    rows: int
+    files: int
+    bytes: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# executor side
+
+
+def write_partition(
+    batches: Iterator[tuple[pa.RecordBatch, str | None]],
+    *,
+    filesystem: Any,
+    staging: str,
+    specs: Sequence[ColumnSpec],
+    compression: str | None,
+) -> pa.RecordBatch:
+    """Encode and frame ``batches`` into this task attempt's staging file; returns its stats row.
+
+    Runs inside a Spark task. ``batches`` yields (batch, source) pairs; ``source`` (a file
+    name, or None) is put in front of encoding errors so they say where the bad rows came from.
+    The file is opened at the first non-empty batch, so an empty partition writes nothing.
+
+    Raises:
+        SchemaError: a batch cannot be encoded (the message names the column, and the source).
+    """
+    from pyspark import TaskContext
+
+    from formats.example import encode_example_array
+    from formats.tfrecord import open_compressed, write_record_array
+
+    ctx = TaskContext.get()
+    pid = ctx.partitionId() if ctx else 0
+    attempt = ctx.attemptNumber() if ctx else 0
+    tid = ctx.taskAttemptId() if ctx else 0
+    name = f"{staging}/part-{pid:05d}-attempt-{attempt}-{tid}.tfrecord{compression_suffix(compression)}"
+    rows = 0
+    nulls = {s.name: 0 for s in specs}
+    raw = stream = None
+    try:
+        for batch, source in batches:
+            if batch.num_rows == 0:
+                continue
+            if raw is None:
+                raw = filesystem.open_output_stream(name, compression=None)
+                stream = open_compressed(raw, compression, mode="wb")
+            try:
+                for s in specs:
+                    nulls[s.name] += column_array(batch, s.name).null_count
+                records = encode_example_array(batch, specs)
+            except SchemaError as exc:
+                if source is None:
+                    raise
+                raise SchemaError(f"{source}: {exc}") from exc
+            write_record_array(stream, records)
+            rows += batch.num_rows
+    finally:
+        if stream is not None and stream is not raw:
+            stream.close()
+        if raw is not None:
+            raw.close()
+    size = filesystem.get_file_info(name).size if raw is not None else 0
+    return pa.RecordBatch.from_pydict(
+        {
+            "partition": pa.array([pid], pa.int32()),
+            "attempt": pa.array([attempt], pa.int32()),
+            "file": pa.array([name if raw is not None else None], pa.string()),
+            "rows": pa.array([rows], pa.int64()),
+            "bytes": pa.array([size or 0], pa.int64()),
+            "nulls": pa.array([json.dumps(nulls)], pa.string()),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# driver side
+
+
+def _remove(fs: Any, path: str) -> None:
+    try:
+        fs.delete_dir(path)
+    except (OSError, FileNotFoundError):
+        logger.debug("could not remove %s", path, exc_info=True)
+
+
+class StagedOutput:
+    """The output directory of one export job: staging area, commit, clean-up.
+
+    Attributes:
+        url: the output as given (for ExportResult and messages).
+        filesystem: the ``pyarrow.fs`` filesystem it is on (picklable, shipped to tasks).
+        root: the output directory's path on ``filesystem``.
+        staging: this job's staging directory (``<root>/_temporary/<job id>``).
+        created: whether this job created ``root`` (then an aborted job removes it).
+    """
+
+    def __init__(self, url: str, filesystem: Any, root: str, staging: str, created: bool) -> None:
+        self.url = url
+        self.filesystem = filesystem
+        self.root = root
+        self.staging = staging
+        self.created = created
+        self.started = time.perf_counter()
+
+    @classmethod
+    def prepare(cls, path: str | os.PathLike, *, filesystem: Any = None, mode: str = "error") -> "StagedOutput":
+        """Check the output directory and create this job's staging directory.
+
+        Raises:
+            StorageError: ``path`` is a file, or exists and is not empty with ``mode="error"``.
+        """
+        from pyarrow import fs as pafs
+
+        from feeders.fs import resolve
+
+        if mode not in ("error", "overwrite"):
+            raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
+        loc = resolve(path, filesystem=filesystem)
+        fs, root = loc.filesystem, loc.path.rstrip("/")
+        info = fs.get_file_info(root)
+        created = info.type == pafs.FileType.NotFound
+        if info.type == pafs.FileType.File:
+            raise StorageError(f"{loc.url} is a file; a TFRecord export needs a directory path.")
+        if not created and fs.get_file_info(pafs.FileSelector(root)):
+            if mode == "error":
+                raise StorageError(
+                    f"{loc.url} already exists and is not empty; choose a new path or pass "
+                    f"mode='overwrite'."
+                )
+            fs.delete_dir_contents(root)
+        staging = f"{root}/_temporary/{uuid.uuid4().hex[:16]}"
+        fs.create_dir(staging, recursive=True)
+        return cls(str(path), fs, root, staging, created)
+
+    def abort(self) -> None:
+        """Remove everything this job wrote (the whole directory if the job created it)."""
+        _remove(self.filesystem, self.root if self.created else f"{self.root}/_temporary")
+
+    def commit(
+        self,
+        stats: Sequence[Any],
+        *,
+        specs: Sequence[ColumnSpec],
+        compression: str | None,
+        spark_schema: dict[str, Any] | None,
+    ) -> ExportResult:
+        """Move each partition's one successful attempt file into place and write the schema file.
+
+        Args:
+            stats: the collected :data:`STATS_SCHEMA` rows (one per successful task).
+            specs: the column specs the files were written with.
+            compression: the files' compression.
+            spark_schema: the Spark schema (``StructType.jsonValue()``) readers should restore,
+                or None.
+        """
+        from formats.schemafile import TFRecordSchema, write_schema_file
+
+        fs, root = self.filesystem, self.root
+        seen: set[int] = set()
+        committed = []
+        for r in sorted(stats, key=lambda r: r["partition"]):
+            pid = r["partition"]
+            if pid in seen:  # cannot happen with collect(); never commit a partition twice
+                logger.warning("partition %d reported twice; keeping its first attempt", pid)
+                continue
+            seen.add(pid)
+            if not r["file"] or not r["rows"]:
+                continue
+            name = f"part-{pid:05d}.tfrecord{compression_suffix(compression)}"
+            fs.move(r["file"], f"{root}/{name}")
+            committed.append({"path": name, "rows": int(r["rows"]), "bytes": int(r["bytes"])})
+        _remove(fs, f"{root}/_temporary")
+        rows = sum(r["rows"] for r in committed)
+        nulls: dict[str, int] = {s.name: 0 for s in specs}
+        for r in stats:
+            for k, v in json.loads(r["nulls"]).items():
+                nulls[k] = nulls.get(k, 0) + int(v)
+        schema = TFRecordSchema(
+            specs=list(specs),
+            compression=compression,
+            num_rows=rows,
+            files=committed,
+            null_counts=nulls,
+            spark_schema=spark_schema,
+        )
+        write_schema_file(root, schema, filesystem=fs)
+        return ExportResult(
+            path=self.url,
+            rows=rows,
+            files=len(committed),
+            bytes=sum(r["bytes"] for r in committed),
+            seconds=time.perf_counter() - self.started,
+        )
+
+
+class _Progress:
+    """Polls Spark's status tracker in a thread and reports (tasks done, tasks total)."""
+
+    def __init__(self, spark: Any, callback: Callable[[int, int], None] | None, interval: float = 0.25) -> None:
+        self.callback = callback
+        self.group = f"dataplane-export-{uuid.uuid4().hex[:12]}"
+        self.sc = None
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._prev_group = None
+        if callback is None:
+            return
+        try:
+            self.sc = spark.sparkContext  # classic Spark only; Spark Connect has no tracker
+        except Exception:  # noqa: BLE001 - Connect raises its own error types here
+            self.sc = None
+
+    def __enter__(self) -> "_Progress":
+        if self.sc is not None:
+            self._prev_group = self.sc.getLocalProperty("spark.jobGroup.id")
+            self.sc.setJobGroup(self.group, "dataplane export", interruptOnCancel=True)
+            self._thread = threading.Thread(target=self._run, name="export-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        tracker = self.sc.statusTracker()  # type: ignore[union-attr]
+        done = total = 0
+        for job in tracker.getJobIdsForGroup(self.group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info else []:
+                s = tracker.getStageInfo(stage)
+                if s is not None:
+                    done += s.numCompletedTasks
+                    total += s.numTasks
+        if total:
+            self.callback(done, total)  # type: ignore[misc]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001 - progress must never break the export
+                logger.debug("progress poll failed", exc_info=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001
+                pass
+            self.sc.setLocalProperty("spark.jobGroup.id", self._prev_group)  # type: ignore[union-attr]
+
+
+def job_progress(spark: Any, callback: Callable[[int, int], None] | None) -> _Progress:
+    """Context manager: Spark jobs started inside it report (tasks done, tasks total) to
+    ``callback`` from a polling thread (classic Spark; a no-op under Spark Connect or with no
+    callback)."""
+    return _Progress(spark, callback)
