@@ -322,8 +322,8 @@ def write_record_array(stream: BinaryIO, records: pa.Array) -> int:
     mask = _MASK_DELTA
     offs = offsets.tolist()
     footers = np.empty(n, dtype="<u4")
-    raw_crcs = [crc(data[offs[i] : offs[i + 1]]) for i in range(n)]
-    c = np.asarray(raw_crcs, dtype=np.uint64)
+    c = np.fromiter(map(crc, map(data.__getitem__, map(slice, offs[:-1], offs[1:]))),
+                    dtype=np.uint64, count=n)
     footers[:] = (((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(mask)) & np.uint64(
         0xFFFFFFFF
     )
