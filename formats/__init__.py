@@ -10,7 +10,14 @@ from typing import Any
 
 from formats.schema import ColumnSpec, column_specs, tf_spec
 
-__all__ = ["ColumnSpec", "column_specs", "tf_spec", "write_tfrecords", "read_tfrecords"]
+__all__ = [
+    "ColumnSpec",
+    "column_specs",
+    "tf_spec",
+    "write_tfrecords",
+    "read_tfrecords",
+    "parquet_to_tfrecords",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from formats import export
 
         return getattr(export, name)
+    if name == "parquet_to_tfrecords":
+        from formats import parquet_export
+
+        return parquet_export.parquet_to_tfrecords
     raise AttributeError(f"module 'formats' has no attribute {name!r}")
