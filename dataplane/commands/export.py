@@ -5,6 +5,11 @@ Runs on an embedded local Spark (``local[*]``, UI off, binding ``SPARK_LOCAL_IP`
 files, bytes, seconds, rows/s) goes to stdout. A bad SRC (missing, empty, a column type TF cannot
 hold) is reported on stderr with a non-zero exit, and no output is left behind.
 
+Parquet -> TFRecord uses :func:`formats.parquet_to_tfrecords` (the tasks read the Parquet files
+with pyarrow; no rows pass through the JVM), except for a SRC with Hive-style ``key=value``
+partition directories, which goes through ``spark.read.parquet`` and
+:func:`formats.write_tfrecords` so that the partition columns are kept.
+
 Nothing heavy is imported at module import: Spark loads in :func:`run`.
 """
 
@@ -202,6 +207,8 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
     from dataplane.errors import DataplaneError
     from formats.export import job_progress
 
+    if source_format == "parquet" and args.to == "tfrecord" and not _partitioned(src):
+        return _parquet_to_tfrecord(spark, args, dst, dst_created, compression, started)
     try:
         if source_format == "tfrecord":
             df = formats.read_tfrecords(spark, args.src)
@@ -241,6 +248,43 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         _remove_output(dst, dst_created)
         return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
     bar.close()
+    return _summary(args, rows, files, nbytes, started)
+
+
+def _partitioned(src: Any) -> bool:
+    """Whether a Parquet SRC has Hive-style ``key=value`` directories (columns in paths)."""
+    from feeders.fs import list_files
+    from formats.parquet_export import partition_dirs
+
+    return bool(partition_dirs(list_files(src), src.path))
+
+
+def _parquet_to_tfrecord(spark: Any, args: argparse.Namespace, dst: Any, dst_created: bool,
+                         compression: Any, started: float) -> int:
+    """Parquet -> TFRecord with the tasks reading the Parquet files themselves (no JVM rows)."""
+    import formats
+    from dataplane.errors import DataplaneError
+
+    bar = _Bar("export -> tfrecord")
+    try:
+        res = formats.parquet_to_tfrecords(
+            spark, args.src, args.dst, compression=compression, num_files=args.num_files,
+            mode="overwrite" if args.overwrite else "error",
+            flatten_structs=args.flatten_structs, progress=bar,
+        )
+    except DataplaneError as exc:
+        bar.close()
+        _remove_output(dst, dst_created)
+        return _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a failed Spark job
+        bar.close()
+        _remove_output(dst, dst_created)
+        return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
+    bar.close()
+    return _summary(args, res.rows, res.files, res.bytes, started)
+
+
+def _summary(args: argparse.Namespace, rows: int, files: int, nbytes: int, started: float) -> int:
     secs = time.perf_counter() - started
     print(
         f"exported {rows:,} rows from {args.src} to {args.dst} ({args.to}): {files} files, "
