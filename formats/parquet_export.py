@@ -3,15 +3,17 @@
 ``write_tfrecords(spark.read.parquet(src), dst)`` moves every row through the JVM: Spark decodes
 Parquet into its own rows, then converts them to Arrow for Python. For wide array columns (an
 MNIST image is 784 floats) that conversion costs far more than the TFRecord encoding. Here the
-driver only plans: it lists the files and reads their footers, and splits the row groups into
-tasks. The job is ``spark.range(tasks).mapInArrow(...)``: task *i* reads its row groups with
-``pyarrow.parquet``, converts each batch to exactly the Arrow types Spark would have handed
-``mapInArrow`` for ``spark.read.parquet(src)`` (see :func:`parquet_spark_schema`), and encodes
-and writes them like :func:`formats.write_tfrecords` does. So the records, the schema file and
-the guarantees are the same: attempt-keyed staging with a driver commit (no duplicate or partial
-file after a retried or speculative task; see :mod:`formats.staging`), null counts, progress,
-no output left after a failure. It needs no RDD, so it runs under Spark Connect too; the
-executors must be able to open ``src`` through ``pyarrow.fs`` (local, ``s3://``, ``hdfs://``).
+driver only plans: it lists the files, reads their footers and splits the row groups into tasks.
+The job is ``sc.parallelize(range(tasks), tasks).mapPartitions(...)`` on classic Spark and
+``spark.range(tasks).mapInArrow(...)`` under Spark Connect (the same task code; the RDD job just
+starts faster). Task *i* reads its row groups with ``pyarrow.parquet``, converts each batch to
+exactly the Arrow types Spark would have handed ``mapInArrow`` for ``spark.read.parquet(src)``
+(see :func:`parquet_spark_schema`), and encodes and writes them like
+:func:`formats.write_tfrecords` does. So the records, the schema file and the guarantees are the
+same: attempt-keyed staging with a driver commit (no duplicate or partial file after a retried or
+speculative task; see :mod:`formats.staging`), null counts, progress, no output left after a
+failure. The executors must be able to open ``src`` through ``pyarrow.fs`` (local, ``s3://``,
+``hdfs://``).
 
 What it does not do: Hive-style partition directories (``src/year=2024/...``), whose columns
 live in directory names, are refused (:func:`partition_dirs` tells; use
@@ -176,11 +178,18 @@ def _plan(groups: list[_RowGroup], num_files: int | None, parallelism: int) -> l
     return [grouped[k] for k in sorted(grouped)]
 
 
-def _parallelism(spark: Any) -> int:
+def _spark_context(spark: Any) -> Any:
+    """The SparkContext of a classic session; None under Spark Connect."""
     try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
-        pass
+        return spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect raises its own error types here
+        return None
+
+
+def _parallelism(spark: Any) -> int:
+    sc = _spark_context(spark)
+    if sc is not None:
+        return int(sc.defaultParallelism)
     try:
         value = spark.conf.get("spark.default.parallelism", None)
         if value:
@@ -207,8 +216,16 @@ class _ParquetWriteTask:
         self.compression = compression
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        units = [u for b in batches for i in b.column(0).to_pylist() for u in self.plan[i]]
-        yield write_partition(
+        """``mapInArrow`` form: task ids arrive as Arrow batches, one stats batch goes back."""
+        yield self._write([i for b in batches for i in b.column(0).to_pylist()])
+
+    def rdd_partition(self, ids: Iterator[int]) -> Iterator[dict[str, Any]]:
+        """RDD form (classic Spark): task ids arrive as ints, one stats dict goes back."""
+        yield self._write(list(ids)).to_pylist()[0]
+
+    def _write(self, ids: list[int]) -> pa.RecordBatch:
+        units = [u for i in ids for u in self.plan[i]]
+        return write_partition(
             self._read(units), filesystem=self.dst_fs, staging=self.staging, specs=self.specs,
             compression=self.compression,
         )
@@ -356,9 +373,14 @@ def parquet_to_tfrecords(
                 loc.filesystem, files, [i.batch_rows for i in infos], plan, target,
                 out.filesystem, out.staging, specs, comp,
             )
+            sc = _spark_context(spark)
             with job_progress(spark, progress):
-                ids = spark.range(0, len(plan), 1, numPartitions=len(plan))
-                stats = ids.mapInArrow(task, STATS_SCHEMA).collect()
+                if sc is not None:  # a plain RDD job starts ~40 ms faster than a SQL one
+                    stats = sc.parallelize(range(len(plan)), len(plan)).mapPartitions(
+                        task.rdd_partition).collect()
+                else:  # Spark Connect: no RDDs
+                    ids = spark.range(0, len(plan), 1, numPartitions=len(plan))
+                    stats = ids.mapInArrow(task, STATS_SCHEMA).collect()
         return out.commit(
             stats, specs=specs, compression=comp,
             spark_schema=None if flatten_structs else spark_schema.jsonValue(),

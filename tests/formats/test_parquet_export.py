@@ -98,6 +98,17 @@ def test_num_files_splits_row_groups_and_keeps_row_order(spark, tmp_path):
     assert sum(ids, []) == list(range(1000))
 
 
+def test_sql_job_form_used_under_spark_connect_writes_the_same(spark, parquet_dir, tmp_path, monkeypatch):
+    from formats import parquet_export
+
+    rdd_out, sql_out = str(tmp_path / "rdd"), str(tmp_path / "sql")
+    formats.parquet_to_tfrecords(spark, parquet_dir, rdd_out, num_files=2)
+    monkeypatch.setattr(parquet_export, "_spark_context", lambda s: None)  # as under Connect
+    res = formats.parquet_to_tfrecords(spark, parquet_dir, sql_out, num_files=2)
+    assert (res.rows, res.files) == (ROWS, 2)
+    assert _records(sql_out) == _records(rdd_out)
+
+
 def test_missing_column_in_one_file_is_written_as_nulls(spark, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
