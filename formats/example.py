@@ -38,12 +38,12 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dataplane.errors import SchemaError
 from formats.example_decode import decode_examples, infer_specs
 from formats.features import feature_kind, ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec, column_array
+from formats.wire import binary, binary_parts, header, join, varint_bytes, varint_sizes, varints
 
 __all__ = [
     "feature_kind",
@@ -56,109 +56,6 @@ __all__ = [
 ]
 
 _TAG_BYTES, _TAG_FLOAT, _TAG_INT64 = 0x0A, 0x12, 0x1A
-_EMPTY = pa.scalar(b"", pa.large_binary())
-
-
-# ---------------------------------------------------------------------------------------------
-# vectorised wire-format helpers
-
-
-_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
-
-
-def _varint_sizes(u: np.ndarray) -> np.ndarray:
-    """Bytes each value takes as a protobuf varint (1..10)."""
-    u = u.astype(np.uint64, copy=False)
-    if len(u) and u.max() < 128:
-        return np.ones(len(u), dtype=np.int64)
-    return np.searchsorted(_VARINT_LIMITS, u, side="right").astype(np.int64) + 1
-
-
-def _varints(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated varint bytes of every value, and each value's byte size."""
-    u = u.astype(np.uint64, copy=False)
-    sizes = _varint_sizes(u)
-    width = int(sizes.max()) if len(u) else 1
-    mat = np.empty((len(u), width), dtype=np.uint8)
-    for j in range(width):
-        byte = ((u >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8)
-        mat[:, j] = np.where(j < sizes - 1, byte | 0x80, byte)
-    if width == 1:
-        return mat.ravel(), sizes
-    return mat[np.arange(width) < sizes[:, None]], sizes
-
-
-def _binary(data: np.ndarray | pa.Buffer, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    """A large_binary array over ``data`` with int64 ``offsets`` (zero copy where possible)."""
-    n = len(offsets) - 1
-    vbuf = None
-    if valid is not None and not valid.all():
-        vbuf = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    dbuf = data if isinstance(data, pa.Buffer) else pa.py_buffer(np.ascontiguousarray(data))
-    return pa.Array.from_buffers(
-        pa.large_binary(), n, [vbuf, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)), dbuf]
-    )
-
-
-def _binary_parts(arr: pa.Array) -> tuple[pa.Buffer, np.ndarray]:
-    """(data buffer, int64 offsets) of a large_binary array, honouring its slice offset."""
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = arr.buffers()[2] or pa.py_buffer(b"")
-    return data, offsets
-
-
-def _header(n: int, segments: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Build per-row byte strings from segments: ``bytes`` constants or uint64 varint arrays.
-
-    Returns (concatenated bytes, per-row offsets).
-    """
-    parts = []
-    sizes = np.zeros(n, dtype=np.int64)
-    for seg in segments:
-        if isinstance(seg, (bytes, bytearray)):
-            parts.append(("c", seg))
-            sizes += len(seg)
-        else:
-            s = _varint_sizes(seg)
-            parts.append(("v", seg, s))
-            sizes += s
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    width = int(sizes.max()) if n else 0
-    mat = np.zeros((n, width), dtype=np.uint8)
-    pos = np.zeros(n, dtype=np.int64)
-    rows = np.arange(n)
-    uniform = True  # while every row's position is the same, use plain column slices
-    for part in parts:
-        if part[0] == "c":
-            c = np.frombuffer(part[1], dtype=np.uint8)
-            if uniform:
-                p0 = int(pos[0]) if n else 0
-                mat[:, p0 : p0 + len(c)] = c
-            else:
-                for j, b in enumerate(c):
-                    mat[rows, pos + j] = b
-            pos += len(c)
-        else:
-            u = part[1].astype(np.uint64, copy=False)
-            s = part[2]
-            for j in range(int(s.max()) if n else 0):
-                byte = ((u >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8)
-                byte = np.where(j < s - 1, byte | 0x80, byte)
-                sel = j < s
-                if uniform and sel.all():
-                    mat[:, int(pos[0]) + j] = byte
-                else:
-                    mat[rows[sel], pos[sel] + j] = byte[sel]
-            pos += s
-            uniform = uniform and bool(n == 0 or (s == s[0]).all())
-    if n and width and (sizes == width).all():
-        return mat.ravel(), offsets
-    return mat[np.arange(width) < sizes[:, None]], offsets
-
-
-def _join(*arrays: Any, null_handling: str = "emit_null") -> pa.Array:
-    return pc.binary_join_element_wise(*arrays, _EMPTY, null_handling=null_handling)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,56 +170,44 @@ def _int64_values(leaves: pa.Array) -> np.ndarray:
 def _entry(key: str, kind: str, payload: pa.Array, valid: np.ndarray) -> tuple[pa.Array, pa.Array]:
     """(head, payload): per-row map entry for ``key`` is head + payload (null where absent)."""
     n = len(payload)
-    _, poff = _binary_parts(payload)
+    _, poff = binary_parts(payload)
     plen = np.diff(poff).astype(np.uint64)
     kb = key.encode("utf-8")
-    key_part = bytes([0x0A]) + _varint_bytes_const(len(kb)) + kb + bytes([0x12])
+    key_part = bytes([0x0A]) + varint_bytes(len(kb)) + kb + bytes([0x12])
     if kind == "bytes":
         list_len = plen
         tag_segments: list[Any] = []
     else:
-        list_len = np.uint64(1) + _varint_sizes(plen).astype(np.uint64) + plen
+        list_len = np.uint64(1) + varint_sizes(plen).astype(np.uint64) + plen
         tag_segments = [b"\x0a", plen]
     tag = {"bytes": _TAG_BYTES, "float": _TAG_FLOAT, "int64": _TAG_INT64}[kind]
-    feat_len = np.uint64(1) + _varint_sizes(list_len).astype(np.uint64) + list_len
+    feat_len = np.uint64(1) + varint_sizes(list_len).astype(np.uint64) + list_len
     entry_len = (
-        np.uint64(len(key_part)) + _varint_sizes(feat_len).astype(np.uint64) + feat_len
+        np.uint64(len(key_part)) + varint_sizes(feat_len).astype(np.uint64) + feat_len
     )
-    data, offs = _header(
+    data, offs = header(
         n, [b"\x0a", entry_len, key_part, feat_len, bytes([tag]), list_len, *tag_segments]
     )
-    return _binary(data, offs, valid), payload
-
-
-def _varint_bytes_const(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+    return binary(data, offs, valid), payload
 
 
 def _payload(kind: str, leaves: pa.Array, row_leaf_splits: np.ndarray, valid: np.ndarray) -> pa.Array:
     """Per-row payload bytes: packed float32 / packed varints / repeated length-prefixed bytes."""
     if kind == "float":
         vals = np.asarray(leaves.to_numpy(zero_copy_only=False)).astype("<f4", copy=False)
-        return _binary(vals.view(np.uint8), row_leaf_splits * 4, valid)
+        return binary(vals.view(np.uint8), row_leaf_splits * 4, valid)
     if kind == "int64":
-        data, sizes = _varints(_int64_values(leaves).view(np.uint64))
+        data, sizes = varints(_int64_values(leaves).view(np.uint64))
         voff = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=voff[1:])
-        return _binary(data, voff[row_leaf_splits], valid)
+        return binary(data, voff[row_leaf_splits], valid)
     vals = leaves.cast(pa.large_binary())
-    _, off = _binary_parts(vals)
+    _, off = binary_parts(vals)
     lens = np.diff(off).astype(np.uint64)
-    hdata, hoff = _header(len(vals), [b"\x0a", lens])
-    elems = _join(_binary(hdata, hoff), vals)
-    edata, eoff = _binary_parts(elems)
-    return _binary(edata, eoff[row_leaf_splits], valid)
+    hdata, hoff = header(len(vals), [b"\x0a", lens])
+    elems = join(binary(hdata, hoff), vals)
+    edata, eoff = binary_parts(elems)
+    return binary(edata, eoff[row_leaf_splits], valid)
 
 
 def _encode_column(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> list[pa.Array]:
@@ -366,14 +251,14 @@ _FIXED_LIST_BYTES = 256
 def _fixed_prefix(key: str, kind: str, m: int) -> bytes:
     """The bytes before a packed ``kind`` payload of ``m`` bytes in ``key``'s map entry."""
     kb = key.encode("utf-8")
-    key_part = b"\x0a" + _varint_bytes_const(len(kb)) + kb + b"\x12"
-    list_len = 1 + len(_varint_bytes_const(m)) + m
+    key_part = b"\x0a" + varint_bytes(len(kb)) + kb + b"\x12"
+    list_len = 1 + len(varint_bytes(m)) + m
     tag = _TAG_FLOAT if kind == "float" else _TAG_INT64
-    feat_len = 1 + len(_varint_bytes_const(list_len)) + list_len
-    entry_len = len(key_part) + len(_varint_bytes_const(feat_len)) + feat_len
+    feat_len = 1 + len(varint_bytes(list_len)) + list_len
+    entry_len = len(key_part) + len(varint_bytes(feat_len)) + feat_len
     return (
-        b"\x0a" + _varint_bytes_const(entry_len) + key_part + _varint_bytes_const(feat_len)
-        + bytes([tag]) + _varint_bytes_const(list_len) + b"\x0a" + _varint_bytes_const(m)
+        b"\x0a" + varint_bytes(entry_len) + key_part + varint_bytes(feat_len)
+        + bytes([tag]) + varint_bytes(list_len) + b"\x0a" + varint_bytes(m)
     )
 
 
@@ -401,10 +286,10 @@ def _fixed_entry(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> tuple[byt
             vals = np.asarray(arr.to_numpy(zero_copy_only=False)).astype("<f4", copy=False)
             return _fixed_prefix(spec.name, kind, 4), vals.view(np.uint8).reshape(n, 4)
         u = _int64_values(arr).view(np.uint64)
-        sizes = _varint_sizes(u)
+        sizes = varint_sizes(u)
         if n and (sizes != sizes[0]).any():
             return None
-        raw, _ = _varints(u)
+        raw, _ = varints(u)
         width = int(sizes[0]) if n else 1
         return _fixed_prefix(spec.name, kind, width), raw.reshape(n, width)
     if kind != "float" or len(spec.shape) != 1:
@@ -432,7 +317,7 @@ def _fixed_block(entries: list[tuple[bytes, np.ndarray]], n: int) -> pa.Array:
         pos += len(prefix)
         mat[:, pos : pos + payload.shape[1]] = payload
         pos += payload.shape[1]
-    return _binary(mat.reshape(-1), np.arange(n + 1, dtype=np.int64) * width)
+    return binary(mat.reshape(-1), np.arange(n + 1, dtype=np.int64) * width)
 
 
 def encode_example_array(data: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> pa.Array:
@@ -462,10 +347,10 @@ def encode_example_array(data: pa.RecordBatch | pa.Table, specs: Sequence[Column
         chunks.append(_fixed_block(run, n))
     lens = np.zeros(n, dtype=np.uint64)
     for c in chunks:
-        _, off = _binary_parts(c)
+        _, off = binary_parts(c)
         lens += np.where(np.asarray(c.is_valid()), np.diff(off), 0).astype(np.uint64)
-    hdata, hoff = _header(n, [b"\x0a", lens])
-    return _join(_binary(hdata, hoff), *chunks, null_handling="replace")
+    hdata, hoff = header(n, [b"\x0a", lens])
+    return join(binary(hdata, hoff), *chunks, null_handling="replace")
 
 
 def encode_examples(data: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> list[bytes]:

@@ -86,10 +86,10 @@ def _footer(fs: Any, path: str, index: int) -> _FileInfo:
             meta = pf.metadata
             schema = pf.schema_arrow
             pschema = pf.schema
-            int96 = frozenset(
-                pschema.column(i).path.split(".")[0]
+            int96 = frozenset(  # top-level columns only (a nested one keeps its naive type)
+                pschema.column(i).path
                 for i in range(len(pschema))
-                if pschema.column(i).physical_type == "INT96"
+                if pschema.column(i).physical_type == "INT96" and "." not in pschema.column(i).path
             )
             groups = []
             raw_bytes = rows = 0
