@@ -3,7 +3,8 @@
 Every Flight call carries ``authorization: Bearer <cluster secret>``; servers refuse calls without
 it. Control messages are JSON documents in Flight actions; nothing is pickled on the network.
 Clients are created where they are used (inside a Spark task, inside a node) and never shared
-across ``fork()``: gRPC does not survive it.
+across ``fork()``: gRPC does not survive it. Pushing tasks reuse one client per node and process
+(:func:`task_client`), keyed by the process id, so a forked child never touches its parent's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import socket
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import pyarrow.flight as flight
@@ -19,6 +23,7 @@ import pyarrow.flight as flight
 __all__ = [
     "AuthMiddlewareFactory",
     "connect",
+    "task_client",
     "call_options",
     "do_json_action",
     "json_result",
@@ -68,6 +73,39 @@ def connect(location: str, *, tls_root_certs: bytes | None = None) -> flight.Fli
     if tls_root_certs is not None:
         kw["tls_root_certs"] = tls_root_certs
     return flight.FlightClient(location, **kw)
+
+
+_TASK_CLIENTS: "OrderedDict[tuple[int, str, bytes | None], flight.FlightClient]" = OrderedDict()
+_TASK_CLIENTS_LOCK = threading.Lock()
+_TASK_CLIENTS_MAX = 32
+
+
+def task_client(location: str, *, tls_root_certs: bytes | None = None) -> flight.FlightClient:
+    """A Flight client to ``location`` shared by the Spark tasks of this (reused) worker process.
+
+    A new gRPC channel costs about 2 ms (TCP and HTTP/2 set-up) against 0.5 ms for a stream on an
+    open one, and an epoch runs one task per partition to every worker. The cache is keyed by
+    the process id, so a process forked from this one opens its own channels, and holds at most
+    32 locations (the oldest is closed). Calls still carry the secret; a client is never bound
+    to a cluster.
+    """
+    key = (os.getpid(), location, tls_root_certs)
+    with _TASK_CLIENTS_LOCK:
+        client = _TASK_CLIENTS.get(key)
+        if client is not None:
+            _TASK_CLIENTS.move_to_end(key)
+            return client
+        for old in [k for k in _TASK_CLIENTS if k[0] != key[0]]:
+            del _TASK_CLIENTS[old]  # inherited across fork: drop, never use or close
+        client = connect(location, tls_root_certs=tls_root_certs)
+        _TASK_CLIENTS[key] = client
+        while len(_TASK_CLIENTS) > _TASK_CLIENTS_MAX:
+            _, evicted = _TASK_CLIENTS.popitem(last=False)
+            try:
+                evicted.close()
+            except Exception:  # noqa: BLE001 - closing a stale channel is best effort
+                logger.debug("closing a cached Flight client failed", exc_info=True)
+        return client
 
 
 def do_json_action(

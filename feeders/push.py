@@ -62,7 +62,7 @@ class PartitionPusher:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from dataplane.rpc import call_options, connect
+        from dataplane.rpc import call_options, task_client
 
         tc = TaskContext.get()
         part, attempt = tc.partitionId(), tc.attemptNumber()
@@ -73,7 +73,7 @@ class PartitionPusher:
         for node_id, loc in self.locations:
             cmd = {"kind": "feed", "epoch": self.epoch, "partition": part, "attempt": attempt}
             try:
-                client = connect(loc, tls_root_certs=self.tls_root_certs)
+                client = task_client(loc, tls_root_certs=self.tls_root_certs)
                 writer, meta = client.do_put(
                     flight.FlightDescriptor.for_command(json.dumps(cmd)), schema, options=opts
                 )
@@ -171,13 +171,13 @@ class PartitionInferrer:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from dataplane.rpc import call_options, connect
+        from dataplane.rpc import call_options, task_client
 
         part = TaskContext.get().partitionId()
         node_id, loc = self.locations[part % len(self.locations)]
         out_schema = pa.ipc.read_schema(pa.py_buffer(self.output_schema_ipc))
         out_names = [f.name for f in out_schema if f.name not in self.passthrough]
-        client = connect(loc, tls_root_certs=self.tls_root_certs)
+        client = task_client(loc, tls_root_certs=self.tls_root_certs)
         desc = flight.FlightDescriptor.for_command(json.dumps({"kind": "infer", "partition": part}))
         try:
             writer, reader = client.do_exchange(desc, options=call_options(self.secret, self.timeout))

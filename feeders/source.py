@@ -185,12 +185,13 @@ def push_dataset(
 
     ds = tf.data.Dataset.from_generator(generator, output_signature=signature)
     if label is not None:
-        ds = ds.map(
-            lambda d: ({k: d[k] for k in cols}, d[label]),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
+        ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
     opts = tf.data.Options()
     # Every worker already gets its own rows; Keras must not shard them again.
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # No tf.data autotuning: the buffer sizes here are fixed, and with autotune on, ending an
+    # epoch's iterator intermittently took 1-9 s on a busy 2-core machine (the iterator's
+    # teardown waits for a background thread), which stalls every epoch boundary.
+    opts.autotune.enabled = False
     ds = ds.with_options(opts)
     return ds.prefetch(prefetch)
