@@ -193,15 +193,14 @@ def tfos_main(args: dict[str, Any], ctx: Any) -> None:
 
 def _wait_for(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
-    delay = 0.002
     while True:
         got = check()
         if got is not None:
             return got
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+        # A fixed short poll: a backing-off one added up to 50 ms to every timed epoch.
+        time.sleep(0.003)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
