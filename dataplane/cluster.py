@@ -223,6 +223,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._clients: dict[int, Any] = {}
         self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
+        self._push_frame: tuple[Any, ...] | None = None  # feed.train's reusable push job
         self.topology: Topology | None = None
 
     # -- public -------------------------------------------------------------------------------

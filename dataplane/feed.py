@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import pyarrow as pa
 
 from dataplane.errors import FeedError, SchemaError
-from dataplane.sparkjobs import SparkJob, arrow_schema_of, sample_arrow
+from dataplane.sparkjobs import SparkJob, arrow_schema_of, is_connect, sample_arrow
 
 if TYPE_CHECKING:  # pragma: no cover
     from dataplane.cluster import Cluster
@@ -78,6 +78,60 @@ def _array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
         if mn is not None and mn == mx and mn > 0:
             out[name] = (int(mn),)
     return out
+
+
+def _each(cluster: "Cluster", nodes: Sequence[Any], name: str, body: Callable[[Any], dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Send one control action to every node at once; replies by node id (first error raised).
+
+    A node busy converting its tail of an epoch answers in a few ms; asked one after another,
+    those waits added up at every epoch boundary.
+    """
+    if len(nodes) <= 1:
+        return {n.node_id: cluster._node_action(n, name, body(n)) for n in nodes}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="dataplane-action") as pool:
+        futures = [(n, pool.submit(cluster._node_action, n, name, body(n))) for n in nodes]
+        return {n.node_id: f.result() for n, f in futures}
+
+
+def _push_frame(cluster: "Cluster", df: Any, workers: Sequence[Any], schema_ipc: bytes, epoch: int) -> tuple[Any, dict[str, str]]:
+    """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
+
+    On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
+    DataFrame serves every epoch of the same ``df`` and workers: building it costs tens of
+    py4j calls (about 60 ms), every epoch otherwise. Spark Connect has no job-local
+    properties: the epoch is baked into a new DataFrame each time.
+    """
+    from feeders.push import EPOCH_PROPERTY, PUSH_RESULT_SCHEMA, PartitionPusher
+
+    locations = [(n.node_id, n.flight_location) for n in workers]
+    connect = is_connect(cluster.spark)
+
+    def frame(fixed_epoch: int | None) -> Any:
+        pusher = PartitionPusher(
+            secret=cluster._secret,
+            epoch=fixed_epoch,
+            locations=locations,
+            schema_ipc=schema_ipc,
+            max_chunk_bytes=cluster._max_chunk_bytes,
+            tls_root_certs=cluster._tls_root,
+        )
+        return df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
+
+    if connect:
+        return frame(epoch), {}
+    key = (id(df), tuple(locations), schema_ipc)
+    cached = cluster._push_frame
+    if cached is None or cached[0] != key or cached[1]() is not df:
+        import weakref
+
+        try:
+            ref = weakref.ref(df)
+        except TypeError:  # not weak-referenceable: no reuse
+            return frame(None), {EPOCH_PROPERTY: str(epoch)}
+        cluster._push_frame = (key, ref, frame(None))
+    return cluster._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
 
 
 def _wait(cluster: "Cluster", job: SparkJob, timeout: float, what: str) -> Any:
@@ -152,23 +206,11 @@ def train(
             break
         epoch = cluster._next_epoch()
         report.epochs.append(epoch)
-        for n in workers:
-            cluster._node_action(
-                n, "begin_epoch", {"epoch": epoch, "schema": schema_ipc.hex(),
-                                   "shapes": {k: list(v) for k, v in shapes.items()}}
-            )
-        from feeders.push import PUSH_RESULT_SCHEMA, PartitionPusher
-
-        pusher = PartitionPusher(
-            secret=cluster._secret,
-            epoch=epoch,
-            locations=[(n.node_id, n.flight_location) for n in workers],
-            schema_ipc=schema_ipc,
-            max_chunk_bytes=cluster._max_chunk_bytes,
-            tls_root_certs=cluster._tls_root,
-        )
-        pushed = df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
-        job = SparkJob(cluster.spark, f"dataplane: push epoch {epoch}", pushed.collect)
+        begin = {"epoch": epoch, "schema": schema_ipc.hex(),
+                 "shapes": {k: list(v) for k, v in shapes.items()}}
+        _each(cluster, workers, "begin_epoch", lambda n: begin)
+        pushed, properties = _push_frame(cluster, df, workers, schema_ipc, epoch)
+        job = SparkJob(cluster.spark, f"dataplane: push epoch {epoch}", pushed.collect, properties)
         rows = _wait(cluster, job, feed_timeout, f"pushing epoch {epoch}")
         sent: dict[int, int] = {}
         unconsumed = 0
@@ -176,7 +218,7 @@ def train(
             sent[r["node_id"]] = sent.get(r["node_id"], 0) + r["rows_sent"]
             unconsumed += r["rows_unconsumed"]
             report.bytes += r["bytes_sent"]
-        replies = {n.node_id: cluster._node_action(n, "epoch_rows", {"epoch": epoch}) for n in workers}
+        replies = _each(cluster, workers, "epoch_rows", lambda n: {"epoch": epoch})
         received = {nid: int(r["rows"]) for nid, r in replies.items()}
         # asked of the nodes themselves: their "done" report may still be on its way
         finished = {nid for nid, r in replies.items() if r.get("main") != "running"}
@@ -194,8 +236,8 @@ def train(
         report.rows += sum(sent.values()) + sum(r["rows_unconsumed"] for r in rows)
         report.rows_unconsumed += unconsumed
         limit = min((received[n.node_id] for n in consuming), default=0)
+        _each(cluster, consuming, "end_epoch", lambda n: {"epoch": epoch, "limit": limit})
         for n in consuming:
-            cluster._node_action(n, "end_epoch", {"epoch": epoch, "limit": limit})
             report.dropped_for_balance += received[n.node_id] - limit
         for nid, r in received.items():
             report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + r

@@ -22,10 +22,21 @@ def is_connect(spark: Any) -> bool:
 
 
 class SparkJob:
-    """``fn()`` (which runs Spark actions) in a daemon thread, cancellable as one unit."""
+    """``fn()`` (which runs Spark actions) in a daemon thread, cancellable as one unit.
 
-    def __init__(self, spark: Any, description: str, fn: Callable[[], Any]) -> None:
+    ``local_properties`` (classic sessions only) are set in that thread before ``fn`` runs, so
+    every task of its jobs can read them with ``TaskContext.getLocalProperty``.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        description: str,
+        fn: Callable[[], Any],
+        local_properties: dict[str, str] | None = None,
+    ) -> None:
         self.spark = spark
+        self._properties = dict(local_properties or {})
         self.tag = f"dataplane-{uuid.uuid4().hex[:12]}"
         self.description = description
         self._fn = fn
@@ -38,7 +49,10 @@ class SparkJob:
             if is_connect(self.spark):
                 self.spark.addTag(self.tag)
             else:
-                self.spark.sparkContext.setJobGroup(self.tag, self.description, True)
+                sc = self.spark.sparkContext
+                sc.setJobGroup(self.tag, self.description, True)
+                for key, value in self._properties.items():
+                    sc.setLocalProperty(key, value)
             self.future.set_result(self._fn())
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
             self.future.set_exception(e)

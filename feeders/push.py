@@ -20,7 +20,13 @@ import pyarrow.flight as flight
 
 from dataplane.errors import FeedError
 
-__all__ = ["PartitionPusher", "PartitionInferrer", "PUSH_RESULT_SCHEMA", "split_counts"]
+__all__ = [
+    "PartitionPusher",
+    "PartitionInferrer",
+    "PUSH_RESULT_SCHEMA",
+    "EPOCH_PROPERTY",
+    "split_counts",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +35,8 @@ PUSH_RESULT_SCHEMA = (
     "rows_unconsumed long, bytes_sent long"
 )
 _CONSUMER_FINISHED = "[dataplane:consumer-finished]"
+# Spark job-local property carrying the epoch, so one push DataFrame serves every epoch.
+EPOCH_PROPERTY = "dataplane.push.epoch"
 
 
 def split_counts(total: int, workers: int, rotation: int) -> list[int]:
@@ -49,10 +57,15 @@ def _chunks(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
 
 @dataclass
 class PartitionPusher:
-    """Pushes one partition of one epoch to every worker (``mapInArrow`` function)."""
+    """Pushes one partition of one epoch to every worker (``mapInArrow`` function).
+
+    ``epoch=None`` reads the epoch from the job's :data:`EPOCH_PROPERTY` local property (set by
+    the driver for each epoch's job), so the same function, and the same DataFrame, can push
+    every epoch.
+    """
 
     secret: str
-    epoch: int
+    epoch: int | None
     locations: Sequence[tuple[int, str]]  # (node_id, flight location) of the workers, in order
     schema_ipc: bytes  # the DataFrame's Arrow schema (empty partitions still open streams)
     max_chunk_bytes: int = 1 << 20
@@ -66,19 +79,28 @@ class PartitionPusher:
 
         tc = TaskContext.get()
         part, attempt = tc.partitionId(), tc.attemptNumber()
+        epoch = self.epoch
+        if epoch is None:
+            prop = tc.getLocalProperty(EPOCH_PROPERTY)
+            if prop is None:
+                raise FeedError(
+                    f"partition {part}: this push job carries no {EPOCH_PROPERTY!r} property; "
+                    f"push jobs are started by cluster.train, not run directly."
+                )
+            epoch = int(prop)
         schema = pa.ipc.read_schema(pa.py_buffer(self.schema_ipc))
         w = len(self.locations)
         opts = call_options(self.secret, self.timeout)
         streams = []
         for node_id, loc in self.locations:
-            cmd = {"kind": "feed", "epoch": self.epoch, "partition": part, "attempt": attempt}
+            cmd = {"kind": "feed", "epoch": epoch, "partition": part, "attempt": attempt}
             try:
                 client = task_client(loc, tls_root_certs=self.tls_root_certs)
                 writer, meta = client.do_put(
                     flight.FlightDescriptor.for_command(json.dumps(cmd)), schema, options=opts
                 )
             except flight.FlightError as e:
-                raise self._error(node_id, loc, part, attempt, e) from e
+                raise self._error(node_id, loc, part, attempt, epoch, e) from e
             streams.append({"node": node_id, "loc": loc, "client": client, "writer": writer,
                             "meta": meta, "sent": 0, "bytes": 0, "unconsumed": 0, "open": True})
         total = 0
@@ -111,7 +133,7 @@ class PartitionPusher:
                             s["open"] = False
                             s["unconsumed"] += size - sent_piece
                             break
-                        raise self._error(s["node"], s["loc"], part, attempt, e) from e
+                        raise self._error(s["node"], s["loc"], part, attempt, epoch, e) from e
                     sent_piece += chunk.num_rows
                     s["sent"] += chunk.num_rows
                     s["bytes"] += chunk.nbytes
@@ -129,7 +151,7 @@ class PartitionPusher:
                     if _CONSUMER_FINISHED in str(e):
                         s["open"] = False
                     else:
-                        raise self._error(s["node"], s["loc"], part, attempt, e) from e
+                        raise self._error(s["node"], s["loc"], part, attempt, epoch, e) from e
             rows_out.append(
                 (part, attempt, s["node"], s["sent"], accepted, s["unconsumed"], s["bytes"])
             )
@@ -147,9 +169,9 @@ class PartitionPusher:
             return _CONSUMER_FINISHED in str(e)
         return False
 
-    def _error(self, node_id: int, loc: str, part: int, attempt: int, e: Exception) -> FeedError:
+    def _error(self, node_id: int, loc: str, part: int, attempt: int, epoch: int, e: Exception) -> FeedError:
         return FeedError(
-            f"pushing partition {part} (attempt {attempt}) of epoch {self.epoch} to node "
+            f"pushing partition {part} (attempt {attempt}) of epoch {epoch} to node "
             f"{node_id} at {loc} failed: {type(e).__name__}: {e}. If the node died, the driver "
             f"reports its error; otherwise check that executors can reach {loc}."
         )

@@ -111,6 +111,31 @@ def test_uneven_partitions_give_equal_batches(spark, cluster, feed_dir):
     assert report.dropped_for_balance <= 4  # at most one row per partition
 
 
+def test_one_push_job_serves_every_epoch_of_a_dataframe(spark, cluster, feed_dir):
+    # Classic Spark: the epoch rides on a job-local property, so the mapInArrow DataFrame is
+    # built once per (DataFrame, workers) and each epoch's rows still land in their own epoch.
+    rows = 600
+    df = make_df(spark, rows, 3)
+    cluster.train(df, num_epochs=2)
+    frame = cluster._push_frame[2]
+    cluster.train(df)
+    assert cluster._push_frame[2] is frame
+    for _ in range(3):
+        _check_epoch(_epoch_results(feed_dir, _Epochs.next, [0, 1]), rows)
+        _Epochs.next += 1
+
+
+def test_a_push_job_outside_train_says_so(spark, cluster):
+    from feeders.push import PUSH_RESULT_SCHEMA
+
+    pusher = PartitionPusher(
+        secret="x", epoch=None, locations=[(0, cluster.nodes[0].flight_location)],
+        schema_ipc=pa.schema([("id", pa.int64())]).serialize().to_pybytes(),
+    )
+    with pytest.raises(Exception, match="carries no 'dataplane.push.epoch' property; push jobs are started by cluster.train"):
+        spark.range(3).mapInArrow(pusher, PUSH_RESULT_SCHEMA).collect()
+
+
 class FailingPusher(PartitionPusher):
     """The real pusher, whose input fails on partition 1's first attempt after six batches: the
     rows before the failure are pushed for sure, so the retry must be deduplicated."""
@@ -174,7 +199,7 @@ def test_metrics_count_what_was_pushed(cluster):
         for key in ("rows_in", "bytes_in", "batches_in", "buffer_bytes", "stall_seconds"):
             assert key in mm
         assert mm["rows_in"] > 0 and mm["bytes_in"] > 0 and mm["batches_in"] > 0
-    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 2000 + 6000
+    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 3 * 600 + 2000 + 6000
 
 
 def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):
