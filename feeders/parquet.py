@@ -7,9 +7,10 @@ How it reads:
   so a missing column, an unsupported type, a schema that differs between files or a null in a
   dense column is a typed error when the dataset is built, not in the middle of training.
 * Sharding is by file; with fewer files than shards it falls back to row groups.
-* Each iteration streams the shard's files with ``ParquetFile.iter_batches`` (only the projected
-  columns are decoded, multi-threaded in C++) and converts with :func:`formats.schema.to_numpy`
-  (zero-copy for fixed-width columns; no per-row Python for numeric and list columns).
+* Each iteration scans the shard's files and row groups with ``pyarrow.dataset`` (only the
+  projected columns are decoded, by Arrow's threads, two files ahead of the consumer) and
+  converts with :func:`formats.schema.to_numpy` (zero-copy for fixed-width columns; no per-row
+  Python for numeric and list columns).
 * Without ragged columns the generator hands ``tf.data`` chunks of about 8 MB and
   ``Dataset.rebatch`` cuts them into exactly ``batch_size`` rows in C++ (across file
   boundaries; only the last batch may be short): one Python call per chunk instead of per
