@@ -239,14 +239,8 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
                     "compression", "none" if compression == "uncompressed" else compression
                 ).parquet(args.dst)
             rows, files, nbytes = _parquet_stats(dst)
-    except DataplaneError as exc:
-        bar.close()
-        _remove_output(dst, dst_created)
-        return _fail(str(exc))
-    except Exception as exc:  # noqa: BLE001 - a failed Spark job
-        bar.close()
-        _remove_output(dst, dst_created)
-        return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
+    except Exception as exc:  # noqa: BLE001 - ours (DataplaneError) or a failed Spark job
+        return _failed(exc, bar, dst, dst_created)
     bar.close()
     return _summary(args, rows, files, nbytes, started)
 
@@ -263,7 +257,6 @@ def _parquet_to_tfrecord(spark: Any, args: argparse.Namespace, dst: Any, dst_cre
                          compression: Any, started: float) -> int:
     """Parquet -> TFRecord with the tasks reading the Parquet files themselves (no JVM rows)."""
     import formats
-    from dataplane.errors import DataplaneError
 
     bar = _Bar("export -> tfrecord")
     try:
@@ -272,16 +265,21 @@ def _parquet_to_tfrecord(spark: Any, args: argparse.Namespace, dst: Any, dst_cre
             mode="overwrite" if args.overwrite else "error",
             flatten_structs=args.flatten_structs, progress=bar,
         )
-    except DataplaneError as exc:
-        bar.close()
-        _remove_output(dst, dst_created)
-        return _fail(str(exc))
-    except Exception as exc:  # noqa: BLE001 - a failed Spark job
-        bar.close()
-        _remove_output(dst, dst_created)
-        return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
+    except Exception as exc:  # noqa: BLE001 - ours (DataplaneError) or a failed Spark job
+        return _failed(exc, bar, dst, dst_created)
     bar.close()
     return _summary(args, res.rows, res.files, res.bytes, started)
+
+
+def _failed(exc: Exception, bar: "_Bar", dst: Any, dst_created: bool) -> int:
+    """End a failed export: close the bar, remove partial output, report on stderr."""
+    from dataplane.errors import DataplaneError
+
+    bar.close()
+    _remove_output(dst, dst_created)
+    if isinstance(exc, DataplaneError):
+        return _fail(str(exc))
+    return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
 
 
 def _summary(args: argparse.Namespace, rows: int, files: int, nbytes: int, started: float) -> int:
