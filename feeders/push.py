@@ -75,8 +75,10 @@ class PartitionPusher:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        from dataplane.executor import prepare_task
         from dataplane.rpc import call_options, task_client
 
+        prepare_task()
         tc = TaskContext.get()
         part, attempt = tc.partitionId(), tc.attemptNumber()
         epoch = self.epoch
@@ -193,8 +195,10 @@ class PartitionInferrer:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        from dataplane.executor import prepare_task
         from dataplane.rpc import call_options, task_client
 
+        prepare_task()
         part = TaskContext.get().partitionId()
         node_id, loc = self.locations[part % len(self.locations)]
         out_schema = pa.ipc.read_schema(pa.py_buffer(self.output_schema_ipc))

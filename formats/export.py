@@ -199,9 +199,11 @@ class _ReadTask:
         self.batch_size = batch_size
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from dataplane.executor import prepare_task
         from formats.example import decode_examples
         from formats.tfrecord import iter_records, open_compressed
 
+        prepare_task()
         for b in batches:
             for idx in b.column(0).to_pylist():
                 path = self.files[idx]

@@ -86,9 +86,11 @@ def write_partition(
     """
     from pyspark import TaskContext
 
+    from dataplane.executor import prepare_task
     from formats.example import encode_example_array
     from formats.tfrecord import open_compressed, write_record_array
 
+    prepare_task()
     ctx = TaskContext.get()
     pid = ctx.partitionId() if ctx else 0
     attempt = ctx.attemptNumber() if ctx else 0
