@@ -54,8 +54,14 @@ def iterate_epoch(
     num_workers: int,
     drop_remainder: bool,
     convert: Callable[[pa.Table], Any],
+    batches_per_item: int = 1,
 ) -> Iterator[Any]:
-    """Yield converted batches of one epoch; returns when the epoch's limit is reached."""
+    """Yield converted batches of one epoch; returns when the epoch's limit is reached.
+
+    With ``batches_per_item > 1`` an item holds up to that many whole batches (whatever is
+    safe to emit already), for ``Dataset.rebatch(batch_size)`` to cut: every item but the
+    epoch's tail is a multiple of ``batch_size`` rows, so the batches are the same.
+    """
     info = buffer.wait_epoch_info(epoch)
     if info is None:
         return
@@ -76,10 +82,12 @@ def iterate_epoch(
                     f"received only {received}; rows were lost in transit."
                 )
             safe = limit if final else (safe_rows if num_workers > 1 else received)
-            while pending_rows and emitted + batch_size <= safe:  # type: ignore[operator]
-                table, pending = _take_rows(pending, batch_size)
-                pending_rows -= batch_size
-                emitted += batch_size
+            while pending_rows >= batch_size and emitted + batch_size <= safe:  # type: ignore[operator]
+                k = min(batches_per_item, pending_rows // batch_size, (safe - emitted) // batch_size)  # type: ignore[operator]
+                rows = k * batch_size
+                table, pending = _take_rows(pending, rows)
+                pending_rows -= rows
+                emitted += rows
                 yield convert(table)
             if final:
                 tail = limit - emitted  # type: ignore[operator]
@@ -115,6 +123,33 @@ def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[
         return out
 
     return convert
+
+
+# Narrow rows: the generator hands tf.data several batches at once (up to this many bytes) and
+# Dataset.rebatch cuts them in C++, so the per-call cost of from_generator (a py_func and a
+# conversion per column) is paid once per item instead of once per batch.
+_ITEM_BYTES = 1 << 20
+_MAX_BATCHES_PER_ITEM = 64
+
+
+def _batches_per_item(specs: Sequence[ColumnSpec], signature: Mapping[str, Any], batch_size: int) -> int:
+    """Whole batches per generator item: 1 for ragged columns (rebatch is slow on them) or
+    when one batch already holds about ``_ITEM_BYTES`` (wide rows: an extra copy would cost
+    more than the per-call overhead it saves)."""
+    if any(s.is_ragged for s in specs):
+        return 1
+    row_bytes = 0
+    for spec in signature.values():
+        width = 1
+        for d in spec.shape[1:]:
+            if d is None:
+                return 1
+            width *= int(d)
+        if spec.dtype.name == "string":
+            return 1
+        row_bytes += width * spec.dtype.size
+    per_batch = max(1, row_bytes * batch_size)
+    return max(1, min(_MAX_BATCHES_PER_ITEM, _ITEM_BYTES // per_batch))
 
 
 def push_dataset(
@@ -181,9 +216,13 @@ def push_dataset(
             num_workers=num_workers,
             drop_remainder=drop_remainder,
             convert=convert,
+            batches_per_item=per_item,
         )
 
+    per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = tf.data.Dataset.from_generator(generator, output_signature=signature)
+    if per_item > 1:
+        ds = ds.rebatch(int(batch_size))
     if label is not None:
         ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
     opts = tf.data.Options()

@@ -128,3 +128,56 @@ def test_a_worker_never_yields_past_the_final_limit():
     got = [_drain(b, 0, batch_size=3, workers=2) for b in bufs]
     assert len(got[0]) == len(got[1]) == limit
     assert not set(got[0]) & set(got[1])
+
+
+def test_multi_batch_items_are_whole_batches_until_the_tail():
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    buf.put_stream(0, 0, _batches(0, 600, 50))
+    buf.put_stream(0, 1, _batches(600, 1003, 97))
+    buf.end_epoch(0, 1003)
+    items = list(iterate_epoch(buf, 0, batch_size=16, num_workers=1, drop_remainder=False,
+                               convert=lambda t: t.column("id").to_pylist(), batches_per_item=8))
+    sizes = [len(i) for i in items]
+    assert all(s % 16 == 0 and 16 <= s <= 128 for s in sizes[:-1]), sizes
+    assert sizes[-1] == 1003 % 16
+    assert max(sizes) == 128  # items do hold several batches
+    assert sorted(v for i in items for v in i) == list(range(1003))
+
+
+def test_pushed_narrow_rows_come_out_in_exact_batches():
+    """The real tf.data pipeline: multi-batch generator items re-cut by Dataset.rebatch."""
+    from feeders.source import push_dataset
+
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("flag", pa.bool_())])
+
+    def part(start: int, stop: int, size: int):
+        for s in range(start, stop, size):
+            ids = np.arange(s, min(s + size, stop))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(ids), pa.array(ids.astype(np.float32) / 2), pa.array(ids % 2 == 0)], schema=schema
+            )
+
+    buf = FeedBuffer(8 << 20)
+    epochs = iter(range(2))
+    ds = None
+    for epoch in range(2):
+        buf.begin_epoch(EpochInfo(epoch, schema))
+        if ds is None:
+            ds = push_dataset(buf, batch_size=32, num_workers=1, label="flag",
+                              next_epoch=lambda: next(epochs))
+        buf.put_stream(epoch, 0, part(0, 2500, 1000))
+        buf.put_stream(epoch, 1, part(2500, 5001, 700))
+        buf.end_epoch(epoch, 5001)
+        sizes, ids, xs, flags = [], [], [], []
+        for features, label in ds:
+            sizes.append(int(features["id"].shape[0]))
+            ids.append(features["id"].numpy())
+            xs.append(features["x"].numpy())
+            flags.append(label.numpy())
+        assert sizes == [32] * (5001 // 32) + [5001 % 32]
+        got = np.concatenate(ids)
+        np.testing.assert_array_equal(np.sort(got), np.arange(5001))
+        np.testing.assert_array_equal(np.concatenate(xs), got.astype(np.float32) / 2)
+        np.testing.assert_array_equal(np.concatenate(flags), got % 2 == 0)
+        assert features["x"].dtype.name == "float32" and label.dtype.name == "bool"
