@@ -40,6 +40,7 @@ __all__ = [
     "spark_session",
     "run_scenario",
     "run_bench",
+    "wait_until_idle",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,42 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat, or None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_until_idle(*, busy_below: float = 0.15, window: float = 0.2, timeout: float = 10.0) -> float:
+    """Wait until the machine's CPUs are less than ``busy_below`` busy over ``window`` seconds.
+
+    Run before every timed repetition, so no path pays for what the previous one left running.
+    Measured: the push path timed right after a TFoS repetition ran at 211-339k rows/s, and at
+    396-452k when timed again straight after (TFoS's processes keep working for a few seconds
+    after its ``train`` returns). Returns the seconds waited (at most ``timeout``; without
+    /proc/stat it returns at once).
+    """
+    start = time.monotonic()
+    before = _cpu_times()
+    if before is None:
+        return 0.0
+    while time.monotonic() - start < timeout:
+        time.sleep(window)
+        after = _cpu_times()
+        if after is None:
+            break
+        busy, total = after[0] - before[0], after[1] - before[1]
+        if total > 0 and busy / total < busy_below:
+            break
+        before = after
+    return time.monotonic() - start
+
+
 def spark_session(master: str = "local[*]", *, driver_memory: str = "4g") -> Any:
     """The bench process's SparkSession: loopback only, UI off, executors on this Python.
 
@@ -302,6 +339,9 @@ def run_scenario(
 
     def _once(p: BenchPath, what: str) -> tuple[int, float] | None:
         res = results[p.name]
+        settled = wait_until_idle()
+        if settled > 1.0:
+            progress(f"[{label}] waited {settled:.1f} s for the machine to go idle")
         t0 = time.perf_counter()
         try:
             n = int(p.run())
