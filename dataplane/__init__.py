@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "run": ("dataplane.cluster", "run"),
+    "run": ("dataplane.startup", "run"),
     "Cluster": ("dataplane.cluster", "Cluster"),
     "FeedReport": ("dataplane.feed", "FeedReport"),
     "NodeContext": ("dataplane.context", "NodeContext"),

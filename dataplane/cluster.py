@@ -1,14 +1,18 @@
-"""``dataplane.run`` and the driver-side ``Cluster``."""
+"""The driver-side ``Cluster``: what ``dataplane.run`` returns.
+
+It holds the running nodes' topology and the driver's control server, offers ``train``,
+``inference``, ``metrics`` and ``shutdown``, and tears the nodes down (draining first, then
+stopping, then reaping what lingers on this machine). Starting the nodes is
+:mod:`dataplane.startup`.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
-import secrets
 import signal
 import socket
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -16,185 +20,18 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from dataplane.control import ControlServer
-from dataplane.errors import ClusterStateError, NodeError, ReservationError
+from dataplane.errors import ClusterStateError, NodeError
 from dataplane.feed import FeedReport
-from dataplane.sparkjobs import SparkJob, is_connect
+from dataplane.sparkjobs import SparkJob
 from dataplane.topology import NodeInfo, Topology
 
-__all__ = ["run", "Cluster"]
+__all__ = ["Cluster"]
 
 logger = logging.getLogger(__name__)
 
-_MiB = 1 << 20
-
-
-def _driver_host(spark: Any, configured: str | None) -> str:
-    if configured:
-        return configured
-    env = os.environ.get("SPARK_LOCAL_IP")
-    if env:
-        return env
-    if not is_connect(spark):
-        host = spark.sparkContext.getConf().get("spark.driver.host", None)
-        if host:
-            return host
-    return socket.gethostbyname(socket.gethostname())
-
-
-def _default_fs(spark: Any) -> str:
-    try:
-        if not is_connect(spark):
-            return spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
-        return spark.conf.get("spark.hadoop.fs.defaultFS", "file:///") or "file:///"
-    except Exception:  # noqa: BLE001 - best effort; local is the safe default
-        return "file:///"
-
-
-def _slots(spark: Any) -> int | None:
-    try:
-        return None if is_connect(spark) else int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def run(
-    spark: Any,
-    main: Callable[[Any, Any], Any],
-    args: Any = None,
-    *,
-    num_nodes: int = 2,
-    num_ps: int = 0,
-    evaluator: bool = False,
-    tensorboard: bool = False,
-    reservation_timeout: float = 120.0,
-    buffer_bytes: int = 64 * _MiB,
-    port_range: tuple[int, int] | None = None,
-    bind_host: str | None = None,
-    log_dir: str | None = None,
-    heartbeat_interval: float = 1.0,
-    heartbeat_timeout: float = 15.0,
-    node_timeout: float = 10.0,
-    stop_grace: float = 10.0,
-    max_chunk_bytes: int = _MiB,
-    tls: tuple[bytes, bytes] | None = None,
-) -> "Cluster":
-    """Start ``num_nodes`` TF nodes on the executors and return once all have registered.
-
-    Every node runs ``main(args, ctx)`` in its own spawned process, with ``TF_CONFIG`` set.
-
-    Args:
-        spark: a classic ``SparkSession`` or a Spark Connect session.
-        main: the program of every node; must be picklable (a module-level function).
-        args: handed to ``main`` unchanged; must be picklable.
-        num_nodes: all TF nodes, ps and evaluator included (needs that many free task slots at
-            once: nodes are started as one barrier stage).
-        num_ps: parameter servers (ParameterServerStrategy roles); 0 for all-reduce clusters.
-        evaluator: make the last node an evaluator (kept out of the cluster spec).
-        tensorboard: start TensorBoard on the chief; see ``cluster.tensorboard_url``.
-        reservation_timeout: seconds to wait for every node to register.
-        buffer_bytes: each node's feed buffer (default 64 MiB): producers wait when it is full.
-        port_range: ``(low, high)`` inclusive range for the nodes' ports (default: any free port).
-        bind_host: address nodes and driver bind (default: ``SPARK_LOCAL_IP`` or the host's).
-        log_dir: TensorBoard log directory on the chief (default: a temporary directory).
-        heartbeat_interval: seconds between a node's heartbeats to the driver.
-        heartbeat_timeout: a node exits by itself when the driver is unreachable this long.
-        node_timeout: the driver declares a node lost after this long without a heartbeat.
-        stop_grace: seconds a node's main gets to return after shutdown before it is ended.
-        max_chunk_bytes: largest Arrow batch a pushing task sends in one message.
-        tls: ``(cert_pem, key_pem)``: serve the nodes' Flight servers over ``grpc+tls``.
-
-    Raises:
-        ValueError / TypeError: bad arguments.
-        ReservationError: not every node registered within ``reservation_timeout``.
-        NodeError: a node failed to start (the message carries its error).
-    """
-    _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range)
-    from pyspark import cloudpickle
-
-    try:
-        payload = cloudpickle.dumps((main, args))
-    except Exception as e:
-        raise TypeError(
-            f"main and args must be picklable to reach the nodes ({type(e).__name__}: {e}); "
-            f"define main at module level and pass plain data as args."
-        ) from e
-    secret = secrets.token_hex(16)
-    cluster_id = secrets.token_hex(4)
-    host = _driver_host(spark, bind_host)
-    if tensorboard and log_dir is None:
-        log_dir = tempfile.mkdtemp(prefix=f"dataplane-{cluster_id}-tb-")
-    node_config = {
-        "cluster_id": cluster_id,
-        "buffer_bytes": int(buffer_bytes),
-        "port_range": list(port_range) if port_range else None,
-        "bind_host": bind_host,
-        "heartbeat_interval": heartbeat_interval,
-        "heartbeat_timeout": heartbeat_timeout,
-        "reservation_timeout": reservation_timeout,
-        "stop_grace": stop_grace,
-        "tensorboard": bool(tensorboard),
-        "log_dir": log_dir,
-        "default_fs": _default_fs(spark),
-        "tls": {"cert": tls[0].decode(), "key": tls[1].decode()} if tls else None,
-    }
-    control = ControlServer(
-        host, secret, num_nodes=num_nodes, num_ps=num_ps, evaluator=evaluator,
-        node_config=node_config,
-    )
-    from dataplane.launcher import LAUNCH_SCHEMA, NodeLauncher
-
-    launcher = NodeLauncher(
-        driver=control.location,
-        secret=secret,
-        cluster_id=cluster_id,
-        payload=payload,
-        node_config=node_config,
-        start_timeout=reservation_timeout,
-    )
-    launch_df = spark.range(0, num_nodes, 1, num_nodes).mapInArrow(
-        launcher, LAUNCH_SCHEMA, barrier=True
-    )
-    job = SparkJob(spark, f"dataplane: start {num_nodes} TF nodes", launch_df.collect)
-    cluster = Cluster(
-        spark, control, secret=secret, cluster_id=cluster_id, node_timeout=node_timeout,
-        max_chunk_bytes=max_chunk_bytes, tls_root=tls[0] if tls else None, launch_job=job,
-        log_dir=log_dir,
-    )
-    try:
-        cluster._await_reservation(job, num_nodes, reservation_timeout)
-    except BaseException:
-        cluster._abort()
-        raise
-    return cluster
-
-
-def _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range) -> None:  # type: ignore[no-untyped-def]
-    if not hasattr(spark, "range") or not hasattr(spark, "createDataFrame"):
-        raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
-    if not callable(main):
-        raise TypeError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
-    if not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be an int >= 1, got {num_nodes!r}")
-    if not isinstance(num_ps, int) or num_ps < 0:
-        raise ValueError(f"num_ps must be an int >= 0, got {num_ps!r}")
-    need = num_ps + 1 + int(bool(evaluator))
-    if num_nodes < need:
-        raise ValueError(
-            f"num_nodes={num_nodes} cannot hold {num_ps} ps + 1 chief"
-            f"{' + 1 evaluator' if evaluator else ''}: it needs at least {need}."
-        )
-    if not (isinstance(reservation_timeout, (int, float)) and reservation_timeout > 0):
-        raise ValueError(f"reservation_timeout must be > 0 seconds, got {reservation_timeout!r}")
-    if not isinstance(buffer_bytes, int) or buffer_bytes < 64 * 1024:
-        raise ValueError(f"buffer_bytes must be an int >= 65536, got {buffer_bytes!r}")
-    if port_range is not None:
-        lo, hi = port_range
-        if not (0 < lo <= hi < 65536):
-            raise ValueError(f"port_range must be (low, high) with 0 < low <= high < 65536, got {port_range!r}")
-
 
 class Cluster:
-    """A running set of TF nodes (returned by :func:`run`); use as a context manager."""
+    """A running set of TF nodes (returned by :func:`dataplane.run`); use as a context manager."""
 
     def __init__(
         self,
@@ -359,6 +196,11 @@ class Cluster:
         return f"Cluster({self.cluster_id}, {len(self.nodes)} nodes, {self._state})"
 
     # -- internals --------------------------------------------------------------------------
+    def _mark_running(self, topology: Topology) -> None:
+        """Every node registered (called by :func:`dataplane.startup.run`)."""
+        self.topology = topology
+        self._state = "running"
+
     def _check_running(self, what: str) -> None:
         if self._state != "running":
             raise ClusterStateError(f"cannot {what}: the cluster is {self._state}.")
@@ -439,42 +281,6 @@ class Cluster:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.25)
-
-    def _await_reservation(self, job: SparkJob, num_nodes: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self._control.wait_registered(0.25):
-            fails = dict(self._control.launch_failures)
-            if fails:
-                nid, f = sorted(fails.items())[0]
-                raise NodeError(f["error"], node=None, remote_traceback=f.get("log", ""))
-            if job.done() and job.future.exception() is not None:
-                e = job.future.exception()
-                raise NodeError(
-                    f"the job starting the TF nodes failed: {type(e).__name__}: {_last_line(str(e))}",
-                    node=None, remote_traceback=str(e),
-                ) from e
-            if time.monotonic() > deadline:
-                got = self._control.registered_ids()
-                missing = [i for i in range(num_nodes) if i not in got]
-                slots = _slots(self.spark)
-                slot_text = (
-                    f"this application has {slots} task slot(s)" if slots is not None
-                    else "the number of task slots is not visible over Spark Connect"
-                )
-                raise ReservationError(
-                    f"node(s) {missing} of {num_nodes} did not register within {timeout:.0f} s "
-                    f"(registered: {got}). All {num_nodes} nodes start together as one barrier "
-                    f"stage, so Spark needs {num_nodes} free task slots at once; {slot_text}. "
-                    f"Likely causes: too few executor slots (add executors or cores, or lower "
-                    f"num_nodes), or the node process crashed on start (see the executors' stderr).",
-                    missing=missing, registered=got,
-                )
-        self.topology = self._control.topology
-        self._state = "running"
-        try:
-            job.future.result(timeout=30.0)
-        except Exception as e:  # noqa: BLE001 - all nodes registered; a late job error is only logged
-            logger.warning("the launch job ended with %s after every node registered", e)
 
     def _drain(self, deadline: float) -> None:
         """Let every chief and worker finish what it is doing before it is told to stop.

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the export; returns the process exit code."""
     from pyarrow import fs as pafs
 
-    from dataplane.errors import DataplaneError, StorageError
+    from dataplane.errors import DataplaneError
     from feeders.fs import resolve
 
     if args.num_files is not None and args.num_files < 1:
