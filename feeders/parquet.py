@@ -43,6 +43,7 @@ from feeders.elements import (
     validate_reader_args,
 )
 from feeders.fs import Location, list_files, resolve, storage_error
+from feeders.generator import generator_dataset
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs, to_numpy
 
@@ -414,10 +415,10 @@ def parquet_dataset(
     stream = _ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label)
     if dense:
         sig = signature(plan.schema, wanted, label, shapes)
-        ds = tf.data.Dataset.from_generator(stream, output_signature=sig)
+        ds = generator_dataset(stream, sig)
         ds = ds.rebatch(int(batch_size))
     else:
-        ds = tf.data.Dataset.from_generator(stream, output_signature=flat_signature(specs))
+        ds = generator_dataset(stream, flat_signature(specs))
         ds = ds.map(lambda *flat: assemble(flat, specs, label))
     opts = tf.data.Options()
     if shard is not None:

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from dataplane.errors import SchemaError, StackError
 from feeders.fs import resolve
+from feeders.generator import generator_dataset
 from feeders.elements import validate_reader_args
 from feeders.parquet import plan_parquet
 from feeders.shard import normalize_shard
@@ -198,7 +199,7 @@ def petastorm_dataset(
     reader_url, fs = _reader_location(loc, filesystem)
     stream = _PetastormBatches(reader_url, specs, shard_t, fs, dict(kw))
     signature = tf_spec(plan.schema, columns=wanted, shapes=shapes)
-    ds = tf.data.Dataset.from_generator(stream, output_signature=signature)
+    ds = generator_dataset(stream, signature)
     ds = ds.rebatch(int(batch_size))
     if label is not None:
         ds = ds.map(lambda d: ({k: v for k, v in d.items() if k != label}, d[label]))

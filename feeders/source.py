@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from dataplane.errors import FeedError, SchemaError
 from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
+from feeders.generator import generator_dataset
 from formats.schema import ColumnSpec, RaggedColumn, column_specs, same_columns, schema_text, tf_spec, to_numpy
 
 __all__ = ["push_dataset", "iterate_epoch"]
@@ -220,7 +221,7 @@ def push_dataset(
         )
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
-    ds = tf.data.Dataset.from_generator(generator, output_signature=signature)
+    ds = generator_dataset(generator, signature)
     if per_item > 1:
         ds = ds.rebatch(int(batch_size))
     if label is not None:

@@ -31,6 +31,7 @@ import pyarrow as pa
 from dataplane.errors import SchemaError, StorageError
 from feeders.fs import Location, list_files, resolve, storage_error
 from feeders.elements import validate_reader_args
+from feeders.generator import generator_dataset
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
@@ -325,9 +326,7 @@ def tfrecord_dataset(
         batches = records.batch(int(batch_size))
     else:
         stream = _RecordBatches(plan.location, files, plan.compression, int(batch_size), record_shard)
-        batches = tf.data.Dataset.from_generator(
-            stream, output_signature=tf.TensorSpec((None,), tf.string)
-        )
+        batches = generator_dataset(stream, tf.TensorSpec((None,), tf.string))
     ds = batches.map(parse, num_parallel_calls=autotune)
     if shard_t is not None:
         opts = tf.data.Options()
