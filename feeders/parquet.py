@@ -14,8 +14,8 @@ How it reads:
 * Without ragged columns the generator hands ``tf.data`` chunks of about 8 MB and
   ``Dataset.rebatch`` cuts them into exactly ``batch_size`` rows in C++ (across file
   boundaries; only the last batch may be short): one Python call per chunk instead of per
-  batch, which is what makes ``from_generator`` cheap. Copies: into the chunk tensor, then into
-  each batch.
+  batch, which is what makes the Python source (:mod:`feeders.generator`) cheap. Copies: into
+  the chunk tensor, then into each batch.
 * With ragged columns (``rebatch`` of ragged tensors is slow) the exact cut happens in Python,
   one batch per generator call; the columns travel as flat values plus row splits and become
   ``tf.RaggedTensor`` in a graph ``map`` (:mod:`feeders.elements`).
@@ -52,7 +52,7 @@ __all__ = ["parquet_dataset", "ParquetPlan", "plan_parquet"]
 logger = logging.getLogger(__name__)
 
 _PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
-# Generator chunks: big enough that the per-call cost of Dataset.from_generator vanishes,
+# Generator chunks: big enough that the per-call cost of the Python source vanishes,
 # small enough to keep memory and first-batch latency low.
 _CHUNK_BYTES = 8 << 20
 _MAX_CHUNK_ROWS = 1 << 20

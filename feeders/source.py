@@ -127,7 +127,7 @@ def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[
 
 
 # Narrow rows: the generator hands tf.data several batches at once (up to this many bytes) and
-# Dataset.rebatch cuts them in C++, so the per-call cost of from_generator (a py_func and a
+# Dataset.rebatch cuts them in C++, so the per-call cost of the Python source (a py_func and a
 # conversion per column) is paid once per item instead of once per batch.
 _ITEM_BYTES = 1 << 20
 _MAX_BATCHES_PER_ITEM = 64
