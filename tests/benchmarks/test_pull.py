@@ -21,7 +21,8 @@ def _on_compat() -> bool:
 def test_paths_read_every_row(module, table, tmp_path):
     env = BenchEnv(None, rows=ROWS, mnist_rows=ROWS, workdir=tmp_path, quick=True, table_name=table)
     paths = {p.name: p for p in module.build(env)}
-    expected = {"parquet": ["parquet", "pyarrow-raw", "pyarrow-raw-thread", "petastorm", "tfio"],
+    expected = {"parquet": ["parquet", "pyarrow-raw", "pyarrow-raw-thread", "pyarrow-scan", "petastorm",
+                            "tfio"],
                 "tfrecord": ["tfrecord", "tfdata-tuned"]}[module.__name__.rsplit("_", 1)[1]]
     assert sorted(paths) == sorted(expected)
     for p in paths.values():
