@@ -66,6 +66,16 @@ def _count(ds: Any, key: str = "id") -> int:
     return rows
 
 
+def _to_numpy(batch: pa.RecordBatch) -> int:
+    """Every column of ``batch`` as numpy (a list column's flat values); returns its rows."""
+    for col in batch.columns:
+        if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type):
+            col.flatten().to_numpy()
+        else:
+            col.to_numpy()
+    return batch.num_rows
+
+
 def _raw(files: list[Path], *, thread: bool = False) -> Callable[[], int]:
     """The ceiling: decoding with no tensors, in the main thread or in one persistent worker.
 
@@ -81,12 +91,7 @@ def _raw(files: list[Path], *, thread: bool = False) -> Callable[[], int]:
         rows = 0
         for path in files:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_SIZE):
-                for col in batch.columns:
-                    if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type):
-                        col.flatten().to_numpy()
-                    else:
-                        col.to_numpy()
-                rows += batch.num_rows
+                rows += _to_numpy(batch)
         return rows
 
     if not thread:
@@ -111,15 +116,7 @@ def _scan(files: list[Path]) -> Callable[[], int]:
         scanner = dataset.scanner(
             batch_size=BATCH_SIZE * 8, fragment_readahead=2, batch_readahead=2, use_threads=True
         )
-        rows = 0
-        for batch in scanner.to_batches():
-            for col in batch.columns:
-                if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type):
-                    col.flatten().to_numpy()
-                else:
-                    col.to_numpy()
-            rows += batch.num_rows
-        return rows
+        return sum(_to_numpy(batch) for batch in scanner.to_batches())
 
     return run
 
