@@ -140,7 +140,8 @@ class Cluster:
 
     def metrics(self) -> dict[int, dict[str, Any]]:
         """Per node id: rows_in, bytes_in, batches_in, buffer_bytes, buffer_peak_bytes,
-        stall_seconds (producers waiting on a full buffer), rows_out, rows_duplicate, main."""
+        stall_seconds (producers waiting on a full buffer), rows_out, rows_duplicate, main,
+        serving (the node's ``ctx.serve`` is answering ``inference``)."""
         self._check_running("metrics")
         out = {}
         for n in self.nodes:

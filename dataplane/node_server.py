@@ -166,6 +166,7 @@ class NodeServer(flight.FlightServerBase):
             m["inference_rows"] = self.broker.rows
             m["inference_batches"] = self.broker.batches
             m["main"] = self.main_state
+            m["serving"] = self.broker.serving  # ctx.serve is answering cluster.inference
             # main only waits for the driver (next epoch, or inference requests): safe to stop
             m["idle"] = self.buffer.idle_waiters > 0 or self.broker.serving
             m["time"] = time.time()

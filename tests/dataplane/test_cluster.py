@@ -112,6 +112,8 @@ def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
 
     # pull mode: main is busy for 12 s, longer than stop_grace; shutdown must not cut it short
     cluster = dataplane.run(spark, pull_main, {"dir": str(tmp_path), "seconds": 12}, num_nodes=2, stop_grace=2.0)
+    busy = cluster.metrics()
+    assert [m["serving"] for m in busy.values()] == [False, False], busy  # no ctx.serve here
     t0 = time.monotonic()
     cluster.shutdown(timeout=60)
     assert all((tmp_path / f"finished{i}.json").exists() for i in (0, 1))

@@ -26,4 +26,5 @@ def test_demo_trains_to_a_real_accuracy():
     assert total == 8 * 1438 and a == b == total // 2
     acc = float(re.search(r"accuracy (\d\.\d+)", out).group(1))
     assert acc >= 0.85, out  # a 64-16-10 MLP reaches ~0.97 on digits
-    assert re.search(r"inference on 359 held-out rows", out)
+    assert re.search(r"training done on every node \d+\.\d s after the last push", out), out
+    assert re.search(r"inference on 359 held-out rows in \d+\.\d s", out), out

@@ -199,6 +199,7 @@ def test_metrics_count_what_was_pushed(cluster):
         for key in ("rows_in", "bytes_in", "batches_in", "buffer_bytes", "stall_seconds"):
             assert key in mm
         assert mm["rows_in"] > 0 and mm["bytes_in"] > 0 and mm["batches_in"] > 0
+        assert mm["serving"] is True  # feed_main serves from a thread all along
     assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 3 * 600 + 2000 + 6000
 
 
