@@ -237,8 +237,7 @@ class Cluster:
 
         c = self._clients.get(node.node_id)
         if c is None:
-            scheme = "grpc+tls" if self._tls_root else "grpc"
-            c = connect(f"{scheme}://{node.host}:{node.flight_port}", tls_root_certs=self._tls_root)
+            c = connect(node.flight_location, tls_root_certs=self._tls_root)
             self._clients[node.node_id] = c
         return c
 

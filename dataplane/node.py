@@ -218,6 +218,7 @@ class _Node:
             reg = {
                 "host": host,
                 "flight_port": self.server.port,
+                "flight_scheme": "grpc+tls" if self.cfg.get("tls") else "grpc",
                 "tf_port": tf_sock.getsockname()[1],
                 "tensorboard_port": tb_sock.getsockname()[1] if tb_sock else None,
                 "pid": os.getpid(),

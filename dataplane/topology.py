@@ -29,6 +29,7 @@ class NodeInfo:
         hostname: the executor machine's host name.
         worker_index: position among the nodes that receive training data (chief + workers),
             ``None`` for ps and evaluator.
+        flight_scheme: ``grpc``, or ``grpc+tls`` when the cluster runs with ``tls=``.
     """
 
     role: str
@@ -40,10 +41,11 @@ class NodeInfo:
     pid: int = 0
     hostname: str = ""
     worker_index: int | None = None
+    flight_scheme: str = "grpc"
 
     @property
     def flight_location(self) -> str:
-        return f"grpc://{self.host}:{self.flight_port}"
+        return f"{self.flight_scheme}://{self.host}:{self.flight_port}"
 
     @property
     def tf_address(self) -> str:
@@ -105,7 +107,8 @@ def assign_roles(
     evaluator (if requested), and the rest workers.
 
     Args:
-        registrations: node id -> ``{"host", "flight_port", "tf_port", "pid", "hostname"}``.
+        registrations: node id -> ``{"host", "flight_port", "flight_scheme", "tf_port", "pid",
+            "hostname"}``.
         num_ps: number of parameter servers.
         evaluator: whether the last node is an evaluator.
     """
@@ -137,6 +140,7 @@ def assign_roles(
                 pid=int(r.get("pid", 0)),
                 hostname=str(r.get("hostname", "")),
                 worker_index=worker_index,
+                flight_scheme=str(r.get("flight_scheme", "grpc")),
             )
         )
     spec: dict[str, list[str]] = {}

@@ -56,11 +56,11 @@ def make_df(spark, rows: int, partitions: int):
     )
 
 
-def _epoch_results(feed_dir, epoch: int, node_ids) -> list[dict]:
+def epoch_results(feed_dir, epoch: int, node_ids) -> list[dict]:
     return [wait_json(feed_dir / f"node{i}-epoch{epoch}.json") for i in node_ids]
 
 
-def _check_epoch(results, rows: int) -> None:
+def check_epoch(results, rows: int) -> None:
     count = sum(r["count"] for r in results)
     sumsq = sum(r["sumsq"] for r in results)
     assert (count, sumsq) == row_checksum(np.arange(rows))
@@ -75,9 +75,9 @@ def test_every_row_once_per_epoch_over_three_epochs(spark, cluster, feed_dir):
     assert sum(report.rows_per_node.values()) == 3 * rows
     assert report.rows_per_node == {0: 3 * rows // 2, 1: 3 * rows // 2}
     for _ in range(3):
-        res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+        res = epoch_results(feed_dir, _Epochs.next, [0, 1])
         _Epochs.next += 1
-        _check_epoch(res, rows)
+        check_epoch(res, rows)
         for r in res:
             assert r["vec_shapes"] == [[3]]  # fixed-length arrays arrive dense [batch, 3]
             assert r["dtypes"] == {"id": "int64", "x": "float64", "vec": "float32", "tags": "int64"}
@@ -103,7 +103,7 @@ def test_uneven_partitions_give_equal_batches(spark, cluster, feed_dir):
         )
     )
     report = cluster.train(df)
-    res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+    res = epoch_results(feed_dir, _Epochs.next, [0, 1])
     _Epochs.next += 1
     yielded = sum(r["count"] for r in res)
     assert res[0]["count"] == res[1]["count"] and res[0]["batches"] == res[1]["batches"]
@@ -121,7 +121,7 @@ def test_one_push_job_serves_every_epoch_of_a_dataframe(spark, cluster, feed_dir
     cluster.train(df)
     assert cluster._push_frame[2] is frame
     for _ in range(3):
-        _check_epoch(_epoch_results(feed_dir, _Epochs.next, [0, 1]), rows)
+        check_epoch(epoch_results(feed_dir, _Epochs.next, [0, 1]), rows)
         _Epochs.next += 1
 
 
@@ -165,9 +165,9 @@ def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, mon
         report = cluster.train(make_df(spark, rows, 2))
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+    res = epoch_results(feed_dir, _Epochs.next, [0, 1])
     _Epochs.next += 1
-    _check_epoch(res, rows)
+    check_epoch(res, rows)
     assert report.rows == rows
     dup = sum(m["rows_duplicate"] for m in cluster.metrics().values()) - before
     # six 50-row batches of partition 1 were pushed by the failed attempt and re-sent by the retry
@@ -179,11 +179,11 @@ def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
     (feed_dir / "slow").write_text("1")
     try:
         report = cluster.train(make_df(spark, rows, 3))
-        res = _epoch_results(feed_dir, _Epochs.next, [0, 1])
+        res = epoch_results(feed_dir, _Epochs.next, [0, 1])
         _Epochs.next += 1
     finally:
         (feed_dir / "slow").unlink()
-    _check_epoch(res, rows)
+    check_epoch(res, rows)
     m = cluster.metrics()
     for node_id, mm in m.items():
         assert mm["buffer_capacity"] == BUFFER
