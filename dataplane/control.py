@@ -51,9 +51,14 @@ class ControlServer(flight.FlightServerBase):
         num_ps: int,
         evaluator: bool,
         node_config: dict[str, Any],
+        tls: tuple[bytes, bytes] | None = None,
     ) -> None:
+        self.scheme = "grpc+tls" if tls else "grpc"
+        kw: dict[str, Any] = {}
+        if tls:
+            kw["tls_certificates"] = [flight.CertKeyPair(cert=tls[0], key=tls[1])]
         super().__init__(
-            f"grpc://{host}:0", middleware={"auth": AuthMiddlewareFactory(secret)}
+            f"{self.scheme}://{host}:0", middleware={"auth": AuthMiddlewareFactory(secret)}, **kw
         )
         self.host = host
         self._num_nodes = num_nodes
@@ -69,7 +74,7 @@ class ControlServer(flight.FlightServerBase):
 
     @property
     def location(self) -> str:
-        return f"grpc://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     # -- driver-side API ---------------------------------------------------------------------
     def wait_registered(self, timeout: float) -> bool:

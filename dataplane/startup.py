@@ -102,7 +102,10 @@ def run(
         node_timeout: the driver declares a node lost after this long without a heartbeat.
         stop_grace: seconds a node's main gets to return after shutdown before it is ended.
         max_chunk_bytes: largest Arrow batch a pushing task sends in one message.
-        tls: ``(cert_pem, key_pem)``: serve the nodes' Flight servers over ``grpc+tls``.
+        tls: ``(cert_pem, key_pem)``: serve the nodes' Flight servers and the driver's control
+            server over ``grpc+tls`` with this certificate, which every client trusts as its
+            root (it must name the driver's and the executors' addresses). Default: plaintext
+            gRPC, every call still authenticated by the cluster's secret.
 
     Raises:
         ValueError / TypeError: bad arguments.
@@ -110,6 +113,7 @@ def run(
         NodeError: a node failed to start (the message carries its error).
     """
     _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range)
+    _validate_tls(tls)
     from pyspark import cloudpickle
 
     try:
@@ -140,7 +144,7 @@ def run(
     }
     control = ControlServer(
         host, secret, num_nodes=num_nodes, num_ps=num_ps, evaluator=evaluator,
-        node_config=node_config,
+        node_config=node_config, tls=tls,
     )
     from dataplane.launcher import LAUNCH_SCHEMA, NodeLauncher
 
@@ -167,6 +171,24 @@ def run(
         cluster._abort()
         raise
     return cluster
+
+
+def _validate_tls(tls: Any) -> None:
+    if tls is None:
+        return
+    ok = (
+        isinstance(tls, tuple)
+        and len(tls) == 2
+        and all(isinstance(x, bytes) for x in tls)
+        and b"-----BEGIN CERTIFICATE-----" in tls[0]
+        and b"PRIVATE KEY-----" in tls[1]
+    )
+    if not ok:
+        seen = type(tls).__name__ if not isinstance(tls, tuple) else f"tuple of {[type(x).__name__ for x in tls]}"
+        raise TypeError(
+            f"tls must be (cert_pem, key_pem): two bytes objects holding a PEM certificate and "
+            f"its PEM private key, got {seen}. Read them with open(path, 'rb').read()."
+        )
 
 
 def _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range) -> None:  # type: ignore[no-untyped-def]

@@ -77,8 +77,23 @@ def _metrics(client: flight.FlightClient, options=None):  # type: ignore[no-unty
     return list(client.do_action(flight.Action("metrics", b"{}"), options=options))
 
 
-def test_nodes_serve_grpc_tls(cluster):
+def test_nodes_and_driver_serve_grpc_tls(cluster, cert):
     assert [n.flight_location.split("://")[0] for n in cluster.nodes] == ["grpc+tls"] * 2
+    # the driver's control server (registration, heartbeats) is TLS too: a plaintext client
+    # cannot reach it, a trusting one gets as far as the secret check
+    driver = cluster._control.location
+    assert driver.startswith("grpc+tls://127.0.0.1:")
+    port = driver.rsplit(":", 1)[1]
+    with pytest.raises(flight.FlightUnavailableError):
+        _metrics(flight.FlightClient(f"grpc://127.0.0.1:{port}"), flight.FlightCallOptions(timeout=10))
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        _metrics(flight.FlightClient(driver, tls_root_certs=cert[0]))
+
+
+def test_tls_must_be_pem_bytes(spark, cert):
+    for bad in ("cert.pem", (cert[0].decode(), cert[1].decode()), (cert[1], cert[0]), (cert[0],)):
+        with pytest.raises(TypeError, match=r"tls must be \(cert_pem, key_pem\)"):
+            dataplane.run(spark, feed_main, {}, num_nodes=2, tls=bad)
 
 
 def test_training_and_inference_over_tls(spark, cluster, feed_dir):
