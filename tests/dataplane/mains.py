@@ -102,3 +102,33 @@ def pull_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Busy for a while without pushed data (pull mode), then record that it finished."""
     time.sleep(args["seconds"])
     _write(os.path.join(args["dir"], f"finished{ctx.node_id}.json"), {"ok": True})
+
+
+def schema_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read pushed epochs with declared shapes and fill values; record what the tensors hold."""
+    ds = ctx.dataset(
+        batch_size=16, shapes={"img": (3, 4)}, fill_values={"score": -1.0}, label="label"
+    )
+    epoch = 0
+    while not ctx.should_stop:
+        rows, seen = 0, {}
+        for feats, label in ds:
+            rows += int(label.shape[0])
+            for name, t in feats.items():
+                seen.setdefault(name, {"dtype": t.dtype.name, "shape": t.shape.as_list()[1:]})
+            seen.setdefault("label", {"dtype": label.dtype.name, "shape": []})
+            names = [s.decode() for s in feats["name"].numpy()]
+            ids = feats["id"].numpy()
+            assert all(n == f"row-{i}" for n, i in zip(names, ids)), names
+            blobs = feats["blob"].numpy()
+            assert all(b == bytes([i % 256]) * 3 for b, i in zip(blobs, ids)), blobs
+            img = feats["img"].numpy()
+            assert (img.reshape(len(ids), 12) == ids[:, None] + np.arange(12)).all()
+            score = feats["score"].numpy()
+            assert (score == np.where(ids % 5 == 0, -1.0, ids * 0.25)).all(), (ids, score)
+            assert (label.numpy() == ids % 7).all()
+        if not rows and ctx.should_stop:
+            break
+        _write(os.path.join(args["dir"], f"node{ctx.node_id}-epoch{epoch}.json"),
+               {"rows": rows, "columns": seen})
+        epoch += 1

@@ -1,0 +1,64 @@
+"""The push path's tensors for every kind of column the schema mapping covers, and a null
+without a fill value reported by column, on a real cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+import dataplane
+from dataplane.errors import NodeError
+from tests.dataplane.clusterutil import wait_gone, wait_json
+from tests.dataplane.mains import schema_main
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def _frame(spark, rows: int, *, null_score_without_fill: bool = False):
+    score = "cast(null as double)" if null_score_without_fill else "cast(id as double) * 0.25"
+    return spark.range(0, rows, 1, 3).selectExpr(
+        "id",
+        "concat('row-', cast(id as string)) as name",
+        "cast(repeat(char(cast(id % 256 as int)), 3) as binary) as blob",
+        "transform(sequence(0, 11), k -> cast(id + k as float)) as img",
+        f"case when id % 5 = 0 then cast(null as double) else {score} end as score",
+        "cast(id % 7 as int) as label",
+    )
+
+
+def test_strings_binary_declared_shapes_and_fill_values(spark, tmp_path):
+    # 120 rows: ids < 128 keep char() one byte, so a blob is 3 bytes of the id
+    with dataplane.run(spark, schema_main, {"dir": str(tmp_path)}, num_nodes=2) as cluster:
+        report = cluster.train(_frame(spark, 120), num_epochs=1)
+        assert report.rows == 120
+        res = [wait_json(tmp_path / f"node{i}-epoch0.json") for i in (0, 1)]
+        assert sum(r["rows"] for r in res) == 120
+        cols = res[0]["columns"]
+        assert cols == {
+            "id": {"dtype": "int64", "shape": []},
+            "name": {"dtype": "string", "shape": []},
+            "blob": {"dtype": "string", "shape": []},
+            "img": {"dtype": "float32", "shape": [3, 4]},
+            "score": {"dtype": "float64", "shape": []},
+            "label": {"dtype": "int32", "shape": []},
+        }
+
+
+def test_a_null_without_a_fill_value_names_the_column(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    cluster = dataplane.run(spark, schema_main, {"dir": str(tmp_path)}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    df = _frame(spark, 60).withColumn(
+        "label", F.when(F.col("id") == 7, None).otherwise(F.col("label"))
+    )
+    # train() returns once the rows are in the nodes' buffers; the node that meets the null
+    # while building a batch fails its main, and the next driver call reports it
+    cluster.train(df, num_epochs=1)
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=30)
+    err = info.value
+    assert "main raised" in str(err)
+    assert "SchemaError: column 'label' has 1 null value(s)" in err.remote_traceback
+    assert "fill_values={'label': 0}" in err.remote_traceback
+    assert not (tmp_path / f"node{err.node.node_id}-epoch0.json").exists()
+    wait_gone(pids, 15)
