@@ -175,10 +175,21 @@ class Cluster:
         if failure is None:
             self._drain(deadline)
             failure = self._node_failure()
-        self._stop_nodes(max(deadline - time.monotonic(), 10.0))
+        unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0))
         self._state = "stopped"
         if failure is None:
             failure = self._node_failure(include_lost=False)
+        if failure is None:
+            # A node killed shortly before shutdown (within node_timeout) is not yet lost by
+            # heartbeat, but it could not be told to stop and never confirmed its exit.
+            snap = self._control.snapshot()
+            now = time.monotonic()
+            for nid in sorted(unreachable):
+                st = snap.get(nid)
+                if st is not None and not st.exited:
+                    info = self.topology.node(nid) if self.topology else None
+                    failure = _lost(info.describe() if info else f"node {nid}", info, now - st.last_seen)
+                    break
         if failure is not None:
             raise failure
 
@@ -273,11 +284,7 @@ class Cluster:
                         node=info, remote_traceback=st.traceback,
                     )
                 if include_lost and not st.exited and now - st.last_seen > self._node_timeout:
-                    return NodeError(
-                        f"{name} stopped responding {now - st.last_seen:.0f} s ago (no heartbeat): "
-                        f"its process died or was killed, or its executor was lost.",
-                        node=info, remote_traceback="(no traceback: the process was lost)",
-                    )
+                    return _lost(name, info, now - st.last_seen)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.25)
@@ -308,15 +315,17 @@ class Cluster:
             "them anyway", busy,
         )
 
-    def _stop_nodes(self, timeout: float) -> None:
+    def _stop_nodes(self, timeout: float) -> set[int]:
+        """Tell every node to stop and wait for them; returns the ids that could not be told."""
         self._control.request_stop()
+        unreachable: set[int] = set()
         for n in self.nodes:
             try:
                 from dataplane.rpc import do_json_action
 
                 do_json_action(self._client(n), self._secret, "shutdown", {}, timeout=5.0)
             except Exception:  # noqa: BLE001 - it may be dead already; heartbeat tells it too
-                pass
+                unreachable.add(n.node_id)
         ids = set(self._control.registered_ids())
         ok = self._control.wait_for(
             lambda st: all(st[i].exited or time.monotonic() - st[i].last_seen > self._node_timeout for i in ids if i in st),
@@ -334,6 +343,7 @@ class Cluster:
         self._control.shutdown()
         if self._launch_job is not None and not self._launch_job.done():
             self._launch_job.cancel()
+        return unreachable
 
     def _reap_local(self, deadline: float) -> None:
         """Make sure node processes on this machine are gone (kill what lingers)."""
@@ -360,6 +370,14 @@ class Cluster:
             self._stop_nodes(timeout=15.0)
         finally:
             self._state = "stopped"
+
+
+def _lost(name: str, info: NodeInfo | None, silent_for: float) -> NodeError:
+    return NodeError(
+        f"{name} stopped responding {silent_for:.0f} s ago (no heartbeat): its process died or "
+        f"was killed, or its executor was lost.",
+        node=info, remote_traceback="(no traceback: the process was lost)",
+    )
 
 
 def _alive(pid: int) -> bool:

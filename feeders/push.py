@@ -35,6 +35,10 @@ PUSH_RESULT_SCHEMA = (
     "rows_unconsumed long, bytes_sent long"
 )
 _CONSUMER_FINISHED = "[dataplane:consumer-finished]"
+_NODE_HINT = (
+    "If the node died, cluster.metrics() and cluster.shutdown() on the driver report its error "
+    "(a NodeError with its traceback); otherwise check that executors can reach it."
+)
 # Spark job-local property carrying the epoch, so one push DataFrame serves every epoch.
 EPOCH_PROPERTY = "dataplane.push.epoch"
 
@@ -208,7 +212,9 @@ class PartitionInferrer:
         try:
             writer, reader = client.do_exchange(desc, options=call_options(self.secret, self.timeout))
         except flight.FlightError as e:
-            raise FeedError(f"inference: cannot reach node {node_id} at {loc}: {e}") from e
+            raise FeedError(
+                f"inference: cannot reach node {node_id} at {loc}: {e}. {_NODE_HINT}"
+            ) from e
         begun = False
         seq = 0
         try:
@@ -238,7 +244,8 @@ class PartitionInferrer:
             writer.close()
         except flight.FlightError as e:
             raise FeedError(
-                f"inference of partition {part} on node {node_id} at {loc} failed: {e}"
+                f"inference of partition {part} on node {node_id} at {loc} failed: {e}. "
+                f"{_NODE_HINT}"
             ) from e
 
 

@@ -132,3 +132,13 @@ def schema_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         _write(os.path.join(args["dir"], f"node{ctx.node_id}-epoch{epoch}.json"),
                {"rows": rows, "columns": seen})
         epoch += 1
+
+
+def slow_serve_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Answer inference slowly (``delay`` seconds a request), so a test can kill a node mid-way."""
+
+    def predict(batch):  # type: ignore[no-untyped-def]
+        time.sleep(args["delay"])
+        return {"y": batch["x"] * 2.0}
+
+    ctx.serve(predict)

@@ -17,7 +17,7 @@ import pytest
 import dataplane
 from dataplane.errors import NodeError, ReservationError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
-from tests.dataplane.mains import describe_main, early_main, feed_main, idle_main
+from tests.dataplane.mains import describe_main, early_main, feed_main, idle_main, slow_serve_main
 from tests.dataplane.test_push import make_df
 
 pytestmark = pytest.mark.cluster
@@ -102,6 +102,45 @@ def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
         cluster.shutdown(timeout=20)
     assert node_processes(cluster.cluster_id) == []
     assert _no_active_jobs(spark), "the feeding job was not cancelled"
+
+
+def test_node_killed_mid_inference_fails_the_job_within_30s(spark):
+    cluster = dataplane.run(spark, slow_serve_main, {"delay": 0.05}, num_nodes=2)
+    victim = cluster.nodes[1]
+    # 4 partitions of 64-row requests at 50 ms each: about 20 s of answers per node
+    df = spark.range(0, 40_000, 1, 4).selectExpr("id", "cast(id as double) as x")
+    out = cluster.inference(df, passthrough=("id",), max_rows=64)
+    outcome: dict = {}
+
+    def collect():
+        try:
+            outcome["rows"] = out.count()
+        except BaseException as e:  # noqa: BLE001
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=collect, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if cluster._node_action(victim, "metrics", {})["inference_rows"] > 0:
+            break
+        time.sleep(0.2)
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive(), "inference hung after a node died"
+    err = outcome.get("error")
+    assert err is not None, outcome
+    text = str(err)
+    # the first attempt loses its stream, the retries cannot connect: either names the node
+    assert f"node {victim.node_id} at {victim.flight_location}" in text, text[-2000:]
+    assert "cluster.shutdown() on the driver report its error" in text
+    assert outcome["at"] - killed_at < 30
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=20)
+    assert info.value.node.node_id == victim.node_id
+    assert node_processes(cluster.cluster_id) == []
 
 
 def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
