@@ -216,6 +216,17 @@ def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):
     assert str(pdf["vec_sum"].dtype) == "float32"
 
 
+def test_inference_of_one_large_partition_answers_every_request(spark, cluster):
+    # 60,000 rows in one partition, 512-row requests: 118 round trips on one do_exchange stream
+    rows = 60_000
+    df = make_df(spark, rows, 1).select("id", "x", "vec")
+    out = cluster.inference(df, passthrough=("id",), max_rows=512).toPandas()
+    assert len(out) == rows and out["id"].nunique() == rows
+    out = out.sort_values("id").reset_index(drop=True)
+    np.testing.assert_allclose(out["y"].to_numpy(), np.arange(rows) * 0.5 * 2.0)
+    np.testing.assert_allclose(out["vec_sum"].to_numpy(), 3 * np.arange(rows) + 3.0, rtol=1e-6)
+
+
 def test_inference_rejects_unknown_passthrough(spark, cluster):
     with pytest.raises(SchemaError, match="passthrough column 'nope'"):
         cluster.inference(make_df(spark, 10, 1), passthrough=("nope",))
