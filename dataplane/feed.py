@@ -221,6 +221,13 @@ def train(
         replies = _each(cluster, workers, "epoch_rows", lambda n: {"epoch": epoch})
         received = {nid: int(r["rows"]) for nid, r in replies.items()}
         # asked of the nodes themselves: their "done" report may still be on its way
+        failed = sorted(nid for nid, r in replies.items() if r.get("main") == "failed")
+        if failed:
+            err = cluster._node_failure(grace=10.0)
+            raise err if err is not None else FeedError(
+                f"epoch {epoch}: the main of node(s) {failed} raised while data was being pushed "
+                f"(its traceback has not reached the driver yet; cluster.shutdown() reports it)."
+            )
         finished = {nid for nid, r in replies.items() if r.get("main") != "running"}
         consuming = [n for n in workers if n.node_id not in finished]
         for n in workers:

@@ -353,6 +353,13 @@ class _Node:
                 ok, tb_text = False, traceback.format_exc()
                 logger.error("node %d: main raised\n%s", self.node_id, tb_text)
         self.server.main_state = "finished" if ok else "failed"
+        if not self.broker.serving:
+            how = "returned" if ok else f"raised ({_last_error_line(tb_text)})"
+            self.broker.close(
+                f"main {how} without serving inference, so nothing will answer; call "
+                f"ctx.serve(predict) in main on every chief and worker before "
+                f"cluster.inference, and see cluster.shutdown() for main's error"
+            )
         self.buffer.consumer_finished()
         self.main_finished.set()
         for _ in range(3):
@@ -391,6 +398,11 @@ def pa_error():  # type: ignore[no-untyped-def]
     return pa.ArrowException
 
 
+def _last_error_line(tb_text: str) -> str:
+    lines = [ln.strip() for ln in tb_text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no traceback"
+
+
 def _main(argv: list[str]) -> int:
     mode, config_path, ready_fd = argv[0], argv[1], int(argv[2])
     if mode == "--detach":
@@ -402,7 +414,12 @@ def _main(argv: list[str]) -> int:
     node = _Node(config_path, ready_fd)
     # The driver asks nicely; a plain SIGTERM (executor killed) also stops the node.
     signal.signal(signal.SIGTERM, lambda *_: node.request_stop())
-    code = node.run()
+    try:
+        code = node.run()
+    except BaseException:  # noqa: BLE001 - exit below regardless: a normal interpreter exit
+        # would wait on Flight handler threads that may block on the feed buffer forever
+        logging.getLogger(__name__).exception("node %d: failed outside main", node.node_id)
+        code = 1
     node._kill_tensorboard()
     logging.shutdown()
     _remove_workdir(node.workdir)

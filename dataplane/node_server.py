@@ -42,6 +42,7 @@ class InferenceBroker:
         self.requests: queue.Queue[tuple[pa.RecordBatch, Future]] = queue.Queue()
         self.stopped = threading.Event()
         self.serving = False  # ctx.serve is running: main waits for the driver's requests
+        self.closed: str | None = None  # why no answer will ever come (main ended unserving)
         self.rows = 0
         self.batches = 0
 
@@ -51,13 +52,30 @@ class InferenceBroker:
         while True:
             if self.stopped.is_set():
                 raise FeedStopped("the node is shutting down")
+            if self.closed is not None and not self.serving and not fut.done():
+                raise NotServing(self.closed)
             try:
                 return fut.result(timeout=0.2)
             except TimeoutError:
                 continue
 
+    def close(self, reason: str) -> None:
+        """Main has ended without ``ctx.serve`` running: fail waiting and later requests."""
+        self.closed = reason
+        while True:
+            try:
+                _, fut = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.done():
+                fut.set_exception(NotServing(reason))
+
     def stop(self) -> None:
         self.stopped.set()
+
+
+class NotServing(RuntimeError):
+    """An inference request reached a node whose main ended without serving."""
 
 
 class NodeServer(flight.FlightServerBase):
@@ -129,6 +147,8 @@ class NodeServer(flight.FlightServerBase):
                 raise flight.FlightServerError(
                     f"{NODE_STOPPING} node {self.node_id} is shutting down"
                 ) from None
+            except NotServing as e:
+                raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
             except Exception as e:  # the user's predict raised: report it to the caller
                 raise flight.FlightServerError(
                     f"node {self.node_id}: predict raised {type(e).__name__}: {e}"

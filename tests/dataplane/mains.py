@@ -142,3 +142,12 @@ def slow_serve_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         return {"y": batch["x"] * 2.0}
 
     ctx.serve(predict)
+
+
+def raise_mid_feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Node ``args['node']`` raises after a few batches; the others consume everything."""
+    for i, _ in enumerate(ctx.dataset(batch_size=64)):
+        if ctx.node_id == args["node"] and i == 5:
+            raise ValueError(f"bad batch on node {ctx.node_id}")
+    while not ctx.should_stop:
+        time.sleep(0.1)

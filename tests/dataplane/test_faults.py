@@ -12,12 +12,21 @@ import textwrap
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 
 import dataplane
 from dataplane.errors import NodeError, ReservationError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
-from tests.dataplane.mains import describe_main, early_main, feed_main, idle_main, slow_serve_main
+from tests.dataplane.mains import (
+    describe_main,
+    early_main,
+    feed_main,
+    idle_main,
+    pull_main,
+    raise_mid_feed_main,
+    slow_serve_main,
+)
 from tests.dataplane.test_push import make_df
 
 pytestmark = pytest.mark.cluster
@@ -141,6 +150,39 @@ def test_node_killed_mid_inference_fails_the_job_within_30s(spark):
         cluster.shutdown(timeout=20)
     assert info.value.node.node_id == victim.node_id
     assert node_processes(cluster.cluster_id) == []
+
+
+def test_main_raising_mid_feed_fails_train_with_its_error(spark):
+    cluster = dataplane.run(
+        spark, raise_mid_feed_main, {"node": 1}, num_nodes=2, buffer_bytes=64 * 1024,
+        max_chunk_bytes=16 * 1024,
+    )
+    pids = [n.pid for n in cluster.nodes]
+    t0 = time.monotonic()
+    with pytest.raises(NodeError) as info:
+        cluster.train(make_df(spark, 50_000, 2))
+    assert time.monotonic() - t0 < 60
+    assert info.value.node.node_id == 1 and "main raised" in str(info.value)
+    assert "ValueError: bad batch on node 1" in info.value.remote_traceback
+    with pytest.raises(NodeError):
+        cluster.shutdown(timeout=20)
+    wait_gone(pids, 15)
+
+
+def test_inference_fails_fast_when_main_ends_without_serving(spark, tmp_path):
+    # main is busy for 4 s and returns without ctx.serve: requests sent meanwhile must fail
+    # once it returns, not wait forever
+    cluster = dataplane.run(spark, pull_main, {"dir": str(tmp_path), "seconds": 4}, num_nodes=2)
+    try:
+        df = spark.range(0, 100, 1, 2).selectExpr("id", "cast(id as double) as x")
+        schema = pa.schema([("y", pa.float64())])
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(df, passthrough=("id",), output_schema=schema).count()
+        assert time.monotonic() - t0 < 30
+        assert "main returned without serving inference" in str(info.value), str(info.value)[-2000:]
+    finally:
+        cluster.shutdown(timeout=20)
 
 
 def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
