@@ -157,13 +157,14 @@ class FeedBuffer:
                 )
             nbytes = batch.nbytes
             with self._cond:
-                waited = time.monotonic()
                 while True:
                     self._check_open()
                     if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
                         break
+                    # only time spent waiting on a full buffer counts, as it passes
+                    waited = time.monotonic()
                     self._cond.wait(0.2)
-                self.metrics["stall_seconds"] += time.monotonic() - waited
+                    self.metrics["stall_seconds"] += time.monotonic() - waited
                 done = ep.accepted.get(partition, 0)
                 start, end = offset, offset + n
                 offset = end

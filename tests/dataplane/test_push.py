@@ -175,7 +175,7 @@ def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, mon
 
 
 def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
-    rows = 6000  # ~200 KB a node: several times what the slowed consumer holds at once
+    rows = 24_000  # ~0.5 MB of Arrow data a node, twice its buffer: producers must wait
     (feed_dir / "slow").write_text("1")
     try:
         report = cluster.train(make_df(spark, rows, 3))
@@ -187,8 +187,8 @@ def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
     m = cluster.metrics()
     for node_id, mm in m.items():
         assert mm["buffer_capacity"] == BUFFER
-        assert mm["buffer_peak_bytes"] <= BUFFER + CHUNK, (node_id, mm)
-    assert sum(mm["stall_seconds"] for mm in m.values()) > 0, "the producer never waited"
+        assert BUFFER // 2 <= mm["buffer_peak_bytes"] <= BUFFER, (node_id, mm)
+        assert mm["stall_seconds"] > 0.5, ("the producers never waited", node_id, mm)
     assert report.rows == rows
 
 
@@ -200,7 +200,7 @@ def test_metrics_count_what_was_pushed(cluster):
             assert key in mm
         assert mm["rows_in"] > 0 and mm["bytes_in"] > 0 and mm["batches_in"] > 0
         assert mm["serving"] is True  # feed_main serves from a thread all along
-    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 3 * 600 + 2000 + 6000
+    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 3 * 600 + 2000 + 24_000
 
 
 def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):

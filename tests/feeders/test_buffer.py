@@ -80,10 +80,20 @@ def test_producers_wait_on_a_full_buffer_and_stop_unblocks_them():
     time.sleep(0.5)
     snap = buf.snapshot()
     assert snap["buffer_bytes"] <= 3 * one and snap["rows_in"] == 300  # held at the limit
+    assert 0.3 < snap["stall_seconds"] < 5  # only the wait counts (it is still waiting)
     t0 = time.monotonic()
     buf.stop()
     t.join(5)
     assert not t.is_alive() and errors and time.monotonic() - t0 < 2
+
+
+def test_puts_that_never_wait_count_no_stall():
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    assert buf.put_stream(0, 0, _batches(0, 5000, 100)) == 5000
+    snap = buf.snapshot()
+    assert snap["rows_in"] == 5000 and snap["batches_in"] == 50
+    assert snap["stall_seconds"] == 0.0
 
 
 def test_consumer_finished_refuses_more_data():
