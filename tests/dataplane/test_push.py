@@ -87,14 +87,13 @@ def test_every_row_once_per_epoch_over_three_epochs(spark, cluster, feed_dir):
 
 
 def test_uneven_partitions_give_equal_batches(spark, cluster, feed_dir):
-    # partitions of 1, 3, 0 and 500 rows: equal batch counts, the surplus counted as dropped
-    df = spark.createDataFrame(
-        [(i,) for i in range(504)], "id long"
-    ).repartition(1)
-    parts = [list(range(0, 1)), list(range(1, 4)), [], list(range(4, 504))]
+    # partitions of 5, 9, 1, 0 and 500 rows: split row by row with the rotation, the workers
+    # receive 258 and 257, so one row is dropped to keep their batch counts equal
+    bounds = [0, 5, 14, 15, 15, 515]
+    parts = [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
     from pyspark.sql import Row
 
-    rdd = spark.sparkContext.parallelize(parts, 4).flatMap(lambda p: [Row(id=i) for i in p])
+    rdd = spark.sparkContext.parallelize(parts, len(parts)).flatMap(lambda p: [Row(id=i) for i in p])
     df = make_df(spark, 1, 1).limit(0).unionByName(
         spark.createDataFrame(rdd, "id long").selectExpr(
             "id", "cast(id as double) * 0.5 as x",
@@ -107,8 +106,9 @@ def test_uneven_partitions_give_equal_batches(spark, cluster, feed_dir):
     _Epochs.next += 1
     yielded = sum(r["count"] for r in res)
     assert res[0]["count"] == res[1]["count"] and res[0]["batches"] == res[1]["batches"]
-    assert yielded + report.dropped_for_balance == 504
-    assert report.dropped_for_balance <= 4  # at most one row per partition
+    assert report.rows == 515 and report.rows_per_node == {0: 258, 1: 257}
+    assert report.dropped_for_balance == 1 and yielded == 514
+    assert res[0]["count"] == 257
 
 
 def test_one_push_job_serves_every_epoch_of_a_dataframe(spark, cluster, feed_dir):
@@ -200,7 +200,7 @@ def test_metrics_count_what_was_pushed(cluster):
             assert key in mm
         assert mm["rows_in"] > 0 and mm["bytes_in"] > 0 and mm["batches_in"] > 0
         assert mm["serving"] is True  # feed_main serves from a thread all along
-    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 504 + 3 * 600 + 2000 + 24_000
+    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 515 + 3 * 600 + 2000 + 24_000
 
 
 def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):
