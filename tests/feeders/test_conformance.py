@@ -150,10 +150,27 @@ def test_local(kind, local_data, table):
     _run(kind, str(local_data), table)
 
 
+@pytest.mark.parametrize("kind", ["parquet", "tfrecord", "tfrecord-gzip"])
+def test_local_file_url(kind, local_data, table):
+    _run(kind, "file://" + str(local_data), table)
+
+
 @pytest.mark.s3
 @pytest.mark.parametrize("kind", ["parquet", "tfrecord", "tfrecord-gzip"])
 def test_s3(kind, s3_env, s3_data, table):
     _run(kind, s3_data, table)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("kind", ["parquet", "tfrecord"])
+def test_s3_through_an_explicit_filesystem(kind, s3_server, s3_data, table, monkeypatch):
+    # no AWS variables at all: only the filesystem handed in knows the endpoint and keys
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    read = feeders.parquet_dataset if kind == "parquet" else feeders.tfrecord_dataset
+    ds = read(f"{s3_data}/{kind}", columns=ALL, batch_size=BATCH, filesystem=s3_server.filesystem())
+    _check(_collect(ds, ALL), table, ALL)
 
 
 @pytest.mark.s3
