@@ -133,8 +133,10 @@ def _element_type(name: str, t: pa.DataType, where: str) -> tuple[str, tuple[int
     if pa.types.is_struct(t):
         raise SchemaError(
             f"column {name!r}{where} is a struct ({t}): TensorFlow tensors cannot hold structs. "
-            f"Select its fields as separate columns, e.g. df.select('{name}.*'), or pass "
-            f"flatten_structs=True to get one '{name}.<field>' column per field."
+            f"Select its fields as separate columns, e.g. df.select('{name}.*'); when exporting "
+            f"(formats.write_tfrecords / parquet_to_tfrecords, dataplane export "
+            f"--flatten-structs), flatten_structs=True writes one '{name}.<field>' column per "
+            f"field instead."
         )
     if pa.types.is_map(t):
         raise SchemaError(
