@@ -41,6 +41,33 @@ def _no_active_jobs(spark, timeout: float = 10.0) -> bool:
     return False
 
 
+def _kill_midway(cluster, victim, metric: str, work) -> tuple[dict, float]:  # type: ignore[no-untyped-def]
+    """Run ``work`` in a thread, SIGKILL ``victim`` once its ``metric`` moves; the outcome has
+    ``result`` or ``error`` and ``at`` (when it raised), or ``hung``."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as e:  # noqa: BLE001
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if cluster._node_action(victim, "metrics", {})[metric] > 0:
+            break
+        time.sleep(0.2)
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    t.join(60)
+    if t.is_alive():
+        outcome["hung"] = True
+    return outcome, killed_at
+
+
 def test_reservation_timeout_names_missing_nodes_and_slots(spark):
     t0 = time.monotonic()
     with pytest.raises(ReservationError) as info:
@@ -82,27 +109,11 @@ def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
     )
     victim = cluster.nodes[1]
     (tmp_path / "slow").write_text("1")  # the feed takes minutes at this pace
-    outcome: dict = {}
-
-    def feed():
-        try:
-            outcome["report"] = cluster.train(make_df(spark, 200_000, 2), feed_timeout=600)
-        except BaseException as e:  # noqa: BLE001
-            outcome["error"] = e
-            outcome["at"] = time.monotonic()
-
-    t = threading.Thread(target=feed, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = cluster._node_action(victim, "metrics", {})
-        if m["rows_in"] > 0:
-            break
-        time.sleep(0.2)
-    killed_at = time.monotonic()
-    os.kill(victim.pid, signal.SIGKILL)
-    t.join(60)
-    assert not t.is_alive(), "train() hung after a node died"
+    outcome, killed_at = _kill_midway(
+        cluster, victim, "rows_in",
+        lambda: cluster.train(make_df(spark, 200_000, 2), feed_timeout=600),
+    )
+    assert "hung" not in outcome, "train() hung after a node died"
     err = outcome.get("error")
     assert isinstance(err, NodeError), outcome
     assert err.node.node_id == victim.node_id and "stopped responding" in str(err)
@@ -119,26 +130,8 @@ def test_node_killed_mid_inference_fails_the_job_within_30s(spark):
     # 4 partitions of 64-row requests at 50 ms each: about 20 s of answers per node
     df = spark.range(0, 40_000, 1, 4).selectExpr("id", "cast(id as double) as x")
     out = cluster.inference(df, passthrough=("id",), max_rows=64)
-    outcome: dict = {}
-
-    def collect():
-        try:
-            outcome["rows"] = out.count()
-        except BaseException as e:  # noqa: BLE001
-            outcome["error"] = e
-            outcome["at"] = time.monotonic()
-
-    t = threading.Thread(target=collect, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if cluster._node_action(victim, "metrics", {})["inference_rows"] > 0:
-            break
-        time.sleep(0.2)
-    killed_at = time.monotonic()
-    os.kill(victim.pid, signal.SIGKILL)
-    t.join(60)
-    assert not t.is_alive(), "inference hung after a node died"
+    outcome, killed_at = _kill_midway(cluster, victim, "inference_rows", out.count)
+    assert "hung" not in outcome, "inference hung after a node died"
     err = outcome.get("error")
     assert err is not None, outcome
     text = str(err)
