@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -20,7 +19,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from dataplane.control import ControlServer
-from dataplane.errors import ClusterStateError, NodeError
+from dataplane.errors import ClusterStateError, NodeError, error_summary
 from dataplane.feed import FeedReport
 from dataplane.sparkjobs import SparkJob
 from dataplane.topology import NodeInfo, Topology
@@ -280,7 +279,7 @@ class Cluster:
                 name = info.describe() if info else f"node {nid}"
                 if st.done and not st.ok:
                     return NodeError(
-                        f"{name}: main raised:\n{_last_line(st.traceback)}",
+                        f"{name}: main raised:\n{error_summary(st.traceback)}",
                         node=info, remote_traceback=st.traceback,
                     )
                 if include_lost and not st.exited and now - st.last_seen > self._node_timeout:
@@ -390,19 +389,3 @@ def _alive(pid: int) -> bool:
             return True
         except OSError:
             return False
-
-
-_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
-
-
-def _last_line(text: str) -> str:
-    """The most telling line of a traceback: the last 'SomeError: message' line (TF wraps the
-    Python error of a tf.data generator inside its own error text), else the last line."""
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if _EXC_LINE.match(ln) and not ln.startswith(("tensorflow.python.framework.errors_impl",)):
-            return ln
-    for ln in reversed(lines):
-        if _EXC_LINE.match(ln):
-            return ln
-    return lines[-1] if lines else ""

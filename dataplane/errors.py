@@ -7,6 +7,8 @@ that predates this package keeps working. ``formats`` and ``feeders`` raise thes
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "DataplaneError",
     "SchemaError",
@@ -17,6 +19,8 @@ __all__ = [
     "NodeError",
     "FeedError",
     "ClusterStateError",
+    "NotServing",
+    "error_summary",
 ]
 
 
@@ -75,3 +79,23 @@ class FeedError(DataplaneError, RuntimeError):
 
 class ClusterStateError(DataplaneError, RuntimeError):
     """The cluster is not in a state that allows the call (for example train after shutdown)."""
+
+
+class NotServing(DataplaneError, RuntimeError):
+    """An inference request reached a node whose main ended without ``ctx.serve`` running."""
+
+
+_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
+
+
+def error_summary(text: str) -> str:
+    """The most telling line of a traceback: the last 'SomeError: message' line (TF wraps the
+    Python error of a tf.data generator inside its own error text), else the last line."""
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _EXC_LINE.match(ln) and not ln.startswith(("tensorflow.python.framework.errors_impl",)):
+            return ln
+    for ln in reversed(lines):
+        if _EXC_LINE.match(ln):
+            return ln
+    return lines[-1] if lines else ""

@@ -354,7 +354,9 @@ class _Node:
                 logger.error("node %d: main raised\n%s", self.node_id, tb_text)
         self.server.main_state = "finished" if ok else "failed"
         if not self.broker.serving:
-            how = "returned" if ok else f"raised ({_last_error_line(tb_text)})"
+            from dataplane.errors import error_summary
+
+            how = "returned" if ok else f"raised ({error_summary(tb_text)})"
             self.broker.close(
                 f"main {how} without serving inference, so nothing will answer; call "
                 f"ctx.serve(predict) in main on every chief and worker before "
@@ -396,11 +398,6 @@ def pa_error():  # type: ignore[no-untyped-def]
     import pyarrow as pa
 
     return pa.ArrowException
-
-
-def _last_error_line(tb_text: str) -> str:
-    lines = [ln.strip() for ln in tb_text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "no traceback"
 
 
 def _main(argv: list[str]) -> int:

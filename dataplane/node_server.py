@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from dataplane.errors import FeedError
+from dataplane.errors import FeedError, NotServing
 from dataplane.rpc import AuthMiddlewareFactory, json_result
 from feeders.buffer import ConsumerFinished, EpochInfo, FeedBuffer, FeedStopped
 
@@ -72,10 +72,6 @@ class InferenceBroker:
 
     def stop(self) -> None:
         self.stopped.set()
-
-
-class NotServing(RuntimeError):
-    """An inference request reached a node whose main ended without serving."""
 
 
 class NodeServer(flight.FlightServerBase):

@@ -17,9 +17,9 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from dataplane.cluster import Cluster, _last_line
+from dataplane.cluster import Cluster
 from dataplane.control import ControlServer
-from dataplane.errors import NodeError, ReservationError
+from dataplane.errors import NodeError, ReservationError, error_summary
 from dataplane.sparkjobs import SparkJob, is_connect
 
 __all__ = ["run"]
@@ -227,7 +227,7 @@ def _await_reservation(cluster: Cluster, control: ControlServer, job: SparkJob, 
         if job.done() and job.future.exception() is not None:
             e = job.future.exception()
             raise NodeError(
-                f"the job starting the TF nodes failed: {type(e).__name__}: {_last_line(str(e))}",
+                f"the job starting the TF nodes failed: {type(e).__name__}: {error_summary(str(e))}",
                 node=None, remote_traceback=str(e),
             ) from e
         if time.monotonic() > deadline:
