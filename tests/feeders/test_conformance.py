@@ -2,7 +2,7 @@
 
 One table (``tests.builders.conformance_table``: int64, int32, float32, float64, bool, string,
 binary, fixed-length list, variable-length list) is written as Parquet and as TFRecord; each
-reader's batches are collected, put in ``id`` order (the TFRecord reader interleaves files) and
+reader's batches are collected, put in ``id`` order (Petastorm may reorder row groups) and
 compared with tensors computed straight from the Arrow table: values, dtypes, shapes, ragged row
 lengths, and exact batch sizes.
 
