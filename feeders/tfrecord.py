@@ -1,12 +1,13 @@
 """The TFRecord pull reader: ``tf.train.Example`` files to batches of tensors.
 
-Every file, local or remote, is read through ``pyarrow.fs`` and framed by our own reader
-(:func:`formats.tfrecord.iter_record_batches`: both CRCs of every record checked, vectorised),
-in file order, into batches of exactly ``batch_size`` serialized records (across file
-boundaries; only the last batch may be short). The batches feed ``tf.data`` through
-:mod:`feeders.generator`, and a graph ``map`` (AUTOTUNEd) parses each whole batch with
-``tf.io.parse_example`` (features from :func:`formats.example.parse_features`) and casts to the
-columns' own dtypes; then prefetch.
+Every file is framed by our own reader (:func:`formats.tfrecord.iter_record_batches`: both
+CRCs of every record checked, vectorised), in file order: local uncompressed files memory-mapped,
+the rest (compressed, ``s3://``, ``hdfs://``) streamed through ``pyarrow.fs``. The serialized
+records feed ``tf.data`` through :mod:`feeders.generator` in chunks: exact batches when a column
+is ragged, else about 1 MiB of records, which a graph ``map`` (one call per core) parses whole
+with ``tf.io.parse_example`` (features from :func:`formats.example.parse_features`), casting to
+the columns' own dtypes, and ``Dataset.rebatch`` re-cuts into exact batches in C++ (across
+file boundaries; only the last batch may be short). Then a fixed prefetch.
 
 Why not ``tf.data.TFRecordDataset`` for local files: its check of a corrupt or truncated record
 raises ``DataLossError("corrupted record at <offset>")``, which does not say which file, and TF
@@ -249,6 +250,14 @@ _CHUNK_BYTES = 1 << 20
 _MAX_CHUNK_BATCHES = 16
 
 
+_PREFETCH = 8  # parsed batches kept ready
+
+
+def _parse_calls() -> int:
+    """Chunks parsed at once: one per core, at least 2 (so reading overlaps parsing), at most 8."""
+    return max(2, min(8, os.cpu_count() or 2))
+
+
 class _RecordBatches:
     """Reads the files' records in order, in chunks of serialized records (picklable).
 
@@ -371,12 +380,14 @@ def tfrecord_dataset(
         plan.location, files, plan.compression, int(batch_size), record_shard, chunked=dense
     )
     chunks = generator_dataset(stream, tf.TensorSpec((None,), tf.string))
-    ds = chunks.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = chunks.map(parse, num_parallel_calls=_parse_calls())
     if dense:  # rebatch of ragged tensors is slow; those chunks are exact batches already
         ds = ds.rebatch(int(batch_size))
+    opts = tf.data.Options()
+    # Fixed parallelism and prefetch instead of autotuning: with it on, epochs took either
+    # 0.32 s or 0.64 s at random (200k narrow rows, 2 cores); off, 0.31-0.34 s every time.
+    opts.autotune.enabled = False
     if shard_t is not None:
-        opts = tf.data.Options()
         # Already sharded here; a distribution strategy must not shard again.
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.with_options(opts)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(opts).prefetch(_PREFETCH)
