@@ -119,3 +119,75 @@ def test_compression_names():
     assert tfrecord.compression_suffix("zlib") == ".zlib"
     with pytest.raises(ValueError, match="unknown TFRecord compression 'lz4'"):
         tfrecord.normalize_compression("lz4")
+
+
+# ---------------------------------------------------------------- batches, chunks and sources
+
+MANY = [bytes([i % 251]) * ((i * 37) % 301) for i in range(200)]  # 0..300 bytes, some empty
+
+
+def _offsets(records) -> list[int]:
+    out, pos = [], 0
+    for r in records:
+        out.append(pos)
+        pos += 16 + len(r)
+    return out
+
+
+def _batches(source, *, batch_records=1024):
+    return list(tfrecord.iter_record_batches(source, name="f", batch_records=batch_records))
+
+
+@pytest.mark.parametrize("read_chunk", [1, 7, 100, 1 << 20])
+@pytest.mark.parametrize("batch_records", [1, 3, 1024])
+def test_records_cross_read_chunks_and_batches_intact(tmp_path, monkeypatch, read_chunk, batch_records):
+    p = tmp_path / "many.tfrecord"
+    _write(p, MANY)
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", read_chunk)
+    with open(p, "rb") as f:
+        batches = _batches(f, batch_records=batch_records)
+    assert [r for b in batches for r in b] == MANY
+    assert all(0 < len(b) <= batch_records for b in batches)
+
+
+def test_a_file_in_memory_reads_as_the_stream_does(tmp_path):
+    import mmap
+
+    p = tmp_path / "many.tfrecord"
+    _write(p, MANY)
+    assert [r for b in _batches(p.read_bytes(), batch_records=64) for r in b] == MANY
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        batches = _batches(m, batch_records=64)
+    assert [len(b) for b in batches] == [64, 64, 64, 8]
+    assert [r for b in batches for r in b] == MANY
+
+
+@pytest.mark.parametrize("source", ["stream", "mmap"])
+def test_a_bad_record_deep_in_the_file_has_its_own_offset(tmp_path, monkeypatch, source):
+    import contextlib
+    import mmap
+
+    p = tmp_path / "bad.tfrecord"
+    _write(p, MANY)
+    at, size = _offsets(MANY)[151], len(MANY[151])
+    raw = bytearray(p.read_bytes())
+    raw[at + 12 + 100] ^= 0x01
+    p.write_bytes(bytes(raw))
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)  # the record starts in a later chunk
+    seen = []
+    with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: "
+                                          rf"the CRC of its {size} data bytes does not match"):
+        with open(p, "rb") as f, contextlib.ExitStack() as stack:
+            src = f
+            if source == "mmap":
+                # Closed while the error propagates: no buffer of the mapping may outlive the
+                # check (not even in the error's traceback), else BufferError hides the error.
+                src = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            for batch in tfrecord.iter_record_batches(src, name="f", batch_records=50):
+                seen.extend(batch)
+    assert seen == MANY[:150]  # whole good batches only: 151 is in the batch of 150-199
+
+
+def test_batch_records_must_be_positive():
+    with pytest.raises(ValueError, match="batch_records must be >= 1, got 0"):
+        _batches(b"", batch_records=0)
