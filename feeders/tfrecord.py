@@ -44,7 +44,7 @@ from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
 from formats.tfrecord import iter_record_batches, normalize_compression, open_compressed
 
-__all__ = ["tfrecord_dataset", "TFRecordPlan", "plan_tfrecord", "sample_records"]
+__all__ = ["tfrecord_dataset", "TFRecordPlan", "plan_tfrecord", "sample_records", "count_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,11 @@ def _open_record_batches(
         finally:
             if stream is not raw:
                 stream.close()
+
+
+def count_records(loc: Location, path: str, compression: str | None) -> int:
+    """Records in one file, every one CRC-checked (reads the whole file)."""
+    return sum(map(len, _open_record_batches(loc, path, compression)))
 
 
 def sample_records(loc: Location, files: Sequence[str], compression: str | None, n: int) -> list[bytes]:

@@ -110,14 +110,14 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
                 "bytes": sum(sizes), "schema_source": "parquet footer",
                 "columns": _columns_from_arrow(plan.schema), "files": files}
 
-    from feeders.tfrecord import _open_records, plan_tfrecord
+    from feeders.tfrecord import count_records, plan_tfrecord
 
     plan = plan_tfrecord(path, compression=compression, sample=sample)
     loc = plan.location
     sizes = _file_sizes(loc, plan.files)
     rows_per_file: list[int | None] = [None] * len(plan.files)
     if count:
-        rows_per_file = [sum(1 for _ in _open_records(loc, f, plan.compression)) for f in plan.files]
+        rows_per_file = [count_records(loc, f, plan.compression) for f in plan.files]
     elif plan.schema_file is not None and plan.schema_file.files:
         known = {e.get("path"): e.get("rows") for e in plan.schema_file.files}
         rows_per_file = [known.get(f.rsplit("/", 1)[-1]) for f in plan.files]

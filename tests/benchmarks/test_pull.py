@@ -23,7 +23,7 @@ def test_paths_read_every_row(module, table, tmp_path):
     paths = {p.name: p for p in module.build(env)}
     expected = {"parquet": ["parquet", "pyarrow-raw", "pyarrow-raw-thread", "pyarrow-scan", "petastorm",
                             "tfio"],
-                "tfrecord": ["tfrecord", "tfdata-tuned"]}[module.__name__.rsplit("_", 1)[1]]
+                "tfrecord": ["tfrecord", "tfdata-tuned", "tfdata-sequential"]}[module.__name__.rsplit("_", 1)[1]]
     assert sorted(paths) == sorted(expected)
     for p in paths.values():
         if p.unavailable:
