@@ -1,13 +1,14 @@
 """The TFRecord pull reader: ``tf.train.Example`` files to batches of tensors.
 
 Every file is framed by our own reader (:func:`formats.tfrecord.iter_record_batches`: both
-CRCs of every record checked, vectorised), in file order: local uncompressed files memory-mapped,
-the rest (compressed, ``s3://``, ``hdfs://``) streamed through ``pyarrow.fs``. The serialized
-records feed ``tf.data`` through :mod:`feeders.generator` in chunks: exact batches when a column
-is ragged, else about 1 MiB of records, which a graph ``map`` (one call per core) parses whole
-with ``tf.io.parse_example`` (features from :func:`formats.example.parse_features`), casting to
-the columns' own dtypes, and ``Dataset.rebatch`` re-cuts into exact batches in C++ (across
-file boundaries; only the last batch may be short). Then a fixed prefetch.
+CRCs of every record checked, vectorised), in file order: local uncompressed files with plain
+unbuffered reads, the rest (compressed, ``s3://``, ``hdfs://``) streamed through ``pyarrow.fs``.
+The serialized records feed ``tf.data`` through :mod:`feeders.generator` in chunks: exact
+batches when a column is ragged, else about 1 MiB of records, which a graph ``map`` (one call
+per core) parses whole with ``tf.io.parse_example`` (features from
+:func:`formats.example.parse_features`), casting to the columns' own dtypes, and
+``Dataset.rebatch`` re-cuts into exact batches in C++ (across file boundaries; only the last
+batch may be short). Then a fixed prefetch.
 
 Why not ``tf.data.TFRecordDataset`` for local files: its check of a corrupt or truncated record
 raises ``DataLossError("corrupted record at <offset>")``, which does not say which file, and TF
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import mmap
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -90,21 +90,15 @@ def _open_record_batches(
     """One file's records in CRC-checked lists; errors name the file (as the user wrote it)."""
     where = loc.display(path)
     if loc.scheme == "file" and compression is None:
-        # A local file is mapped, not read: the framer slices records straight out of the
-        # page cache (one copy per record, none per chunk).
+        # Unbuffered reads straight into the framer's chunks: one copy fewer than pyarrow's
+        # buffered stream (40 -> 56 ms for 20,000 MNIST records). Not mmap: a file truncated
+        # while mapped kills the process with SIGBUS instead of raising.
         try:
-            f = open(path, "rb")
+            f = open(path, "rb", buffering=0)
         except OSError as exc:
             raise storage_error(exc, "open", where) from exc
         with f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return
-            try:
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as exc:
-                raise storage_error(exc, "map", where) from exc
-            with mapped:
-                yield from iter_record_batches(mapped, name=where, batch_records=batch_records)
+            yield from iter_record_batches(f, name=where, batch_records=batch_records)
         return
     try:
         # compression=None: pyarrow would otherwise un-gzip ".gz" files itself, by suffix.

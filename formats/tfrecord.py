@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import mmap
 import struct
 import zlib
 from typing import BinaryIO, Iterable, Iterator
@@ -241,10 +240,6 @@ def _check_run(buf: bytes, starts: list[int], lengths: list[int]) -> tuple[list[
         0xFFFFFFFF
     )
     data_ok = masked == _gather_u32(data, ends_np)
-    # No buffer exports may outlive this call (an mmap with one cannot be closed), not even
-    # through the traceback of the exception below.
-    del data
-    view.release()
     good = length_ok & data_ok
     if not good.all():
         i = int(np.argmin(good))
@@ -259,19 +254,19 @@ class _BadRecord(Exception):
 
 
 def iter_record_batches(
-    stream: BinaryIO | mmap.mmap | bytes, *, name: str, batch_records: int = _BATCH_RECORDS
+    stream: BinaryIO | bytes, *, name: str, batch_records: int = _BATCH_RECORDS
 ) -> Iterator[list[bytes]]:
     """Yield the records of a TFRecord stream in lists of up to ``batch_records``, CRC-checked.
 
-    Reads the stream in chunks of about a megabyte (or walks a whole file already in memory,
-    such as an ``mmap`` of a local file, with no read copies at all), walks the length headers
+    Reads the stream in chunks of about a megabyte (or walks a whole file already in memory),
+    walks the length headers
     in Python (one ``unpack_from`` per record) and checks every record's two CRCs in one
     vectorised pass per list (:func:`_check_run`), so the cost per record is a few hundred
     nanoseconds. A list is yielded only after all of its records have passed.
 
     Args:
         stream: binary file-like positioned at the first record (already decompressed; see
-            :func:`open_compressed`), or the whole uncompressed file as ``bytes`` or ``mmap``.
+            :func:`open_compressed`), or the whole uncompressed file as ``bytes``.
         name: what to call the stream in errors (the file path or URL).
         batch_records: most records per list (lists can be shorter, at the end of each chunk).
 
@@ -283,22 +278,27 @@ def iter_record_batches(
     if batch_records < 1:
         raise ValueError(f"batch_records must be >= 1, got {batch_records!r}.")
     unpack_length = _LENGTH.unpack_from
-    whole = isinstance(stream, (bytes, mmap.mmap))
-    buf: bytes | mmap.mmap = stream if whole else b""  # type: ignore[assignment]
+    whole = isinstance(stream, bytes)
+    buf: bytes = stream if whole else b""  # type: ignore[assignment]
     base = 0  # stream offset of buf[0]
     pos = 0  # first unread byte in buf
     eof = whole
 
-    def more(need: int) -> None:
-        """Append at least ``need`` bytes past ``pos`` to ``buf`` if the stream has them."""
+    def more(need: int, *, exact: bool = False) -> None:
+        """Make ``buf[pos:]`` at least ``need`` bytes long if the stream has them.
+
+        ``exact`` reads no more than that (to finish a record cut by the end of a chunk);
+        otherwise at least a chunk is read. Only the few bytes left in ``buf`` are copied, and
+        none when it is used up, so the records of a chunk are sliced from the chunk as read.
+        """
         nonlocal buf, base, pos, eof
         if eof:
             return
-        parts = [buf[pos:]]
+        parts = [buf[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
         while have < need and not eof:
             try:
-                chunk = stream.read(max(_READ_CHUNK, need - have))
+                chunk = stream.read(need - have if exact else max(_READ_CHUNK, need - have))
             except (EOFError, OSError, zlib.error) as exc:
                 raise RecordError(
                     f"{name}: cannot read past byte offset {base + pos + have} "
@@ -311,7 +311,7 @@ def iter_record_batches(
             parts.append(chunk)
             have += len(chunk)
         base += pos
-        buf = b"".join(parts) if len(parts) > 1 else parts[0]
+        buf = b"".join(parts) if len(parts) != 1 else parts[0]
         pos = 0
 
     def corrupt_length(start: int, length: int) -> RecordError:
@@ -349,7 +349,7 @@ def iter_record_batches(
             continue
         # Not one whole record left in buf: the next header, or its data, needs more bytes.
         if n - pos < 12:
-            more(12)
+            more(12, exact=n > pos)  # a cut header: read its rest alone, then a fresh chunk
             if len(buf) - pos < 12:
                 if len(buf) == pos:
                     return
@@ -363,7 +363,7 @@ def iter_record_batches(
         # Trust a length (and read that far) only once its own CRC matches.
         if masked_crc32c(memoryview(buf)[pos : pos + 8]) != _FOOTER.unpack_from(buf, pos + 8)[0]:
             raise corrupt_length(base + pos, length)
-        more(16 + length)
+        more(16 + length, exact=True)  # the record alone; the next chunk is read whole
         if len(buf) - pos < 16 + length:
             raise RecordError(
                 f"{name}: truncated record at byte offset {base + pos}: it declares {length} data "
