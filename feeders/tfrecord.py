@@ -14,10 +14,9 @@ Why not ``tf.data.TFRecordDataset`` for local files: its check of a corrupt or t
 raises ``DataLossError("corrupted record at <offset>")``, which does not say which file, and TF
 2.21 reads neither ``s3://`` nor ``hdfs://``. One reader for every URL gives one error: a
 :class:`~dataplane.errors.RecordError` naming the file and the record's byte offset (reaching
-the consumer inside TensorFlow's error, whose message carries it). Framing in Python was
-measured faster than ``TFRecordDataset`` + ``batch`` here (2 cores, 2026-11-23: 1.35M against
-0.71-0.86M records/s for 68-byte rows; 0.52M against 0.27-0.34M for MNIST rows), and it runs
-beside the parse, which dominates.
+the consumer inside TensorFlow's error, whose message carries it). The price: a hand-written
+one-reader ``TFRecordDataset`` pipeline is 3-20% faster on 2 cores (README, Benchmarks), since
+framing in Python and handing TF the records as Python bytes cost more than TF's C++ reader.
 
 The column layout comes from, in order: ``schema=``; the schema file the export job writes
 beside the data (``_tf_schema.json``, :mod:`formats.schemafile`); or inference from the first
@@ -91,7 +90,7 @@ def _open_record_batches(
     where = loc.display(path)
     if loc.scheme == "file" and compression is None:
         # Unbuffered reads straight into the framer's chunks: one copy fewer than pyarrow's
-        # buffered stream (40 -> 56 ms for 20,000 MNIST records). Not mmap: a file truncated
+        # buffered stream (56 -> 40 ms for 20,000 MNIST records). Not mmap: a file truncated
         # while mapped kills the process with SIGBUS instead of raising.
         try:
             f = open(path, "rb", buffering=0)
