@@ -176,6 +176,7 @@ def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, mon
 
 def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
     rows = 24_000  # ~0.5 MB of Arrow data a node, twice its buffer: producers must wait
+    stalled = {n: mm["stall_seconds"] for n, mm in cluster.metrics().items()}
     (feed_dir / "slow").write_text("1")
     try:
         report = cluster.train(make_df(spark, rows, 3))
@@ -188,7 +189,11 @@ def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
     for node_id, mm in m.items():
         assert mm["buffer_capacity"] == BUFFER
         assert BUFFER // 2 <= mm["buffer_peak_bytes"] <= BUFFER, (node_id, mm)
-        assert mm["stall_seconds"] > 0.5, ("the producers never waited", node_id, mm)
+        # Stall counts only time spent waiting on a full buffer, so any is proof of waiting;
+        # how much depends on how much tf.data's prefetch took off the buffer meanwhile
+        # (0.49 s in one CI run, several seconds in others).
+        waited = mm["stall_seconds"] - stalled[node_id]
+        assert waited > 0.1, ("the producers never waited", node_id, waited, mm)
     assert report.rows == rows
 
 
