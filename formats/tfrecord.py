@@ -99,6 +99,18 @@ def _masked_crc_of_lengths(lengths: np.ndarray) -> np.ndarray:
     )
 
 
+def _masked_crcs_of_slices(data: bytes | memoryview, begins: list[int], ends: list[int]) -> np.ndarray:
+    """Masked CRC32C of each ``data[begins[i]:ends[i]]`` (uint32): one C call per slice."""
+    crc = _crc32c_c if _crc32c_c is not None else _crc32c_python
+    view = memoryview(data)
+    c = np.fromiter(
+        map(crc, map(view.__getitem__, map(slice, begins, ends))), dtype=np.uint64, count=len(begins)
+    )
+    return (
+        (((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
+    ).astype(np.uint32)
+
+
 def normalize_compression(compression: str | None) -> str | None:
     """``"GZIP"``, ``"ZLIB"`` or ``None`` from any spelling (``"gzip"``, ``""``, ``"NONE"``).
 
@@ -228,18 +240,10 @@ def _check_run(buf: bytes, starts: list[int], lengths: list[int]) -> tuple[list[
     st = np.asarray(starts, dtype=np.int64)
     ln = np.asarray(lengths, dtype=np.int64)
     length_ok = _masked_crc_of_lengths(ln) == _gather_u32(data, st + 8)
-    crc = _crc32c_c if _crc32c_c is not None else _crc32c_python
-    view = memoryview(buf)
     begins = (st + 12).tolist()
     ends_np = st + 12 + ln
     ends = ends_np.tolist()
-    c = np.fromiter(
-        map(crc, map(view.__getitem__, map(slice, begins, ends))), dtype=np.uint64, count=len(st)
-    )
-    masked = (((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(
-        0xFFFFFFFF
-    )
-    data_ok = masked == _gather_u32(data, ends_np)
+    data_ok = _masked_crcs_of_slices(buf, begins, ends) == _gather_u32(data, ends_np)
     good = length_ok & data_ok
     if not good.all():
         i = int(np.argmin(good))
@@ -435,15 +439,8 @@ def write_record_array(stream: BinaryIO, records: pa.Array) -> int:
     headers = np.empty(n, dtype=[("len", "<u8"), ("crc", "<u4")])
     headers["len"] = lengths
     headers["crc"] = _masked_crc_of_lengths(lengths)
-    crc = _crc32c_c if _crc32c_c is not None else _crc32c_python
-    mask = _MASK_DELTA
     offs = offsets.tolist()
-    footers = np.empty(n, dtype="<u4")
-    c = np.fromiter(map(crc, map(data.__getitem__, map(slice, offs[:-1], offs[1:]))),
-                    dtype=np.uint64, count=n)
-    footers[:] = (((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(mask)) & np.uint64(
-        0xFFFFFFFF
-    )
+    footers = _masked_crcs_of_slices(data, offs[:-1], offs[1:]).astype("<u4")
     header_arr = pa.Array.from_buffers(
         pa.large_binary(),
         n,
