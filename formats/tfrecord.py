@@ -99,16 +99,24 @@ def _masked_crc_of_lengths(lengths: np.ndarray) -> np.ndarray:
     )
 
 
-def _masked_crcs_of_slices(data: bytes | memoryview, begins: list[int], ends: list[int]) -> np.ndarray:
-    """Masked CRC32C of each ``data[begins[i]:ends[i]]`` (uint32): one C call per slice."""
-    crc = _crc32c_c if _crc32c_c is not None else _crc32c_python
-    view = memoryview(data)
-    c = np.fromiter(
-        map(crc, map(view.__getitem__, map(slice, begins, ends))), dtype=np.uint64, count=len(begins)
-    )
+def _mask(crcs: np.ndarray) -> np.ndarray:
+    """TFRecord's mask (``rotr(crc, 15) + 0xa282ead8``) of plain CRC32Cs held as uint64."""
     return (
-        (((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
+        (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA))
+        & np.uint64(0xFFFFFFFF)
     ).astype(np.uint32)
+
+
+def _masked_crcs(pieces: Iterable[bytes | memoryview], count: int) -> np.ndarray:
+    """Masked CRC32C of each of ``count`` ``pieces`` (uint32): one C call per piece."""
+    crc = _crc32c_c if _crc32c_c is not None else _crc32c_python
+    return _mask(np.fromiter(map(crc, pieces), dtype=np.uint64, count=count))
+
+
+def _masked_crcs_of_slices(data: bytes | memoryview, begins: list[int], ends: list[int]) -> np.ndarray:
+    """Masked CRC32C of each ``data[begins[i]:ends[i]]`` (uint32), without copying the slices."""
+    view = memoryview(data)
+    return _masked_crcs(map(view.__getitem__, map(slice, begins, ends)), len(begins))
 
 
 def normalize_compression(compression: str | None) -> str | None:
@@ -218,42 +226,44 @@ def open_compressed(raw_stream: BinaryIO, compression: str | None, *, mode: str 
 _BATCH_RECORDS = 1024
 
 
-def _gather_u32(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """The little-endian uint32 at each of ``offsets`` in the byte array ``data``."""
-    idx = offsets[:, None] + np.arange(4, dtype=np.int64)
-    return np.ascontiguousarray(data[idx]).view("<u4").ravel()
+def _uint_at(data: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
+    """The little-endian unsigned int of ``width`` (4 or 8) bytes at each of ``offsets``.
+
+    One gather through an unaligned view of ``data`` that starts an integer at every byte.
+    """
+    view = np.ndarray((len(data) - width + 1,), dtype=f"<u{width}", buffer=data, strides=(1,))
+    return view[offsets]
 
 
-def _check_run(buf: bytes, starts: list[int], lengths: list[int]) -> tuple[list[int], list[int]]:
-    """Check the CRCs of a run of records parsed from ``buf``; return their data slices.
+def _check_run(buf: bytes, starts: list[int]) -> list[bytes]:
+    """Check the CRCs of a run of records walked in ``buf``; return their data.
 
-    Vectorised: the length CRCs of the whole run are computed with numpy, the data CRCs with one
-    C call per record (no Python bytecode per record).
-
-    Returns:
-        ``(begins, ends)``: where each record's data starts and ends in ``buf``.
+    Vectorised: the lengths and stored CRCs are gathered with numpy, the length CRCs computed
+    with numpy, the data CRCs with one C call per record over the record's own bytes (which
+    are what is returned, so nothing is sliced twice). No Python bytecode per record.
 
     Raises:
         _BadRecord: the first record in the run whose length or data CRC does not match.
     """
     data = np.frombuffer(buf, dtype=np.uint8)
     st = np.asarray(starts, dtype=np.int64)
-    ln = np.asarray(lengths, dtype=np.int64)
-    length_ok = _masked_crc_of_lengths(ln) == _gather_u32(data, st + 8)
-    begins = (st + 12).tolist()
-    ends_np = st + 12 + ln
-    ends = ends_np.tolist()
-    data_ok = _masked_crcs_of_slices(buf, begins, ends) == _gather_u32(data, ends_np)
+    lengths = _uint_at(data, st, 8)
+    length_ok = _masked_crc_of_lengths(lengths) == _uint_at(data, st + 8, 4)
+    begins = st + 12
+    ends = begins + lengths.astype(np.int64)  # the walk kept every record inside buf
+    records = list(map(buf.__getitem__, map(slice, begins.tolist(), ends.tolist())))
+    data_ok = _masked_crcs(records, len(records)) == _uint_at(data, ends, 4)
     good = length_ok & data_ok
     if not good.all():
         i = int(np.argmin(good))
-        raise _BadRecord(i, "length" if not length_ok[i] else "data")
-    return begins, ends
+        raise _BadRecord(i, int(lengths[i]), "length" if not length_ok[i] else "data")
+    return records
 
 
 class _BadRecord(Exception):
-    def __init__(self, index: int, field: str) -> None:
+    def __init__(self, index: int, length: int, field: str) -> None:
         self.index = index
+        self.length = length
         self.field = field
 
 
@@ -263,10 +273,10 @@ def iter_record_batches(
     """Yield the records of a TFRecord stream in lists of up to ``batch_records``, CRC-checked.
 
     Reads the stream in chunks of about a megabyte (or walks a whole file already in memory),
-    walks the length headers
-    in Python (one ``unpack_from`` per record) and checks every record's two CRCs in one
-    vectorised pass per list (:func:`_check_run`), so the cost per record is a few hundred
-    nanoseconds. A list is yielded only after all of its records have passed.
+    walks the length headers in Python (one ``unpack_from`` per record, about 0.1 us) and
+    checks every record's two CRCs in one vectorised pass per list (:func:`_check_run`), so the
+    cost per record is a few hundred nanoseconds. A list is yielded only after all of its
+    records have passed.
 
     Args:
         stream: binary file-like positioned at the first record (already decompressed; see
@@ -326,29 +336,32 @@ def iter_record_batches(
         )
 
     while True:
+        # Walk every whole record left in buf (trusting the lengths for now: the run's check
+        # below finds the first bad one, and the walk never leaves buf).
         n = len(buf)
         starts: list[int] = []
-        lengths: list[int] = []
-        p = pos
-        while len(starts) < batch_records and p + 12 <= n:
-            (length,) = unpack_length(buf, p)
-            if p + 16 + length > n:
+        append = starts.append
+        p, last = pos, n - 12
+        while p <= last:
+            end = p + 16 + unpack_length(buf, p)[0]
+            if end > n:
                 break
-            starts.append(p)
-            lengths.append(length)
-            p += 16 + length
-        if starts:
+            append(p)
+            p = end
+        for i in range(0, len(starts), batch_records):
+            run = starts[i : i + batch_records]
             try:
-                begins, ends = _check_run(buf, starts, lengths)
+                records = _check_run(buf, run)
             except _BadRecord as bad:
-                start, length = base + starts[bad.index], lengths[bad.index]
+                start, length = base + run[bad.index], bad.length
                 if bad.field == "length":
                     raise corrupt_length(start, length) from None
                 raise RecordError(
                     f"{name}: corrupt record at byte offset {start}: the CRC of its {length} "
                     f"data bytes does not match. The file is damaged; rewrite it."
                 ) from None
-            yield list(map(buf.__getitem__, map(slice, begins, ends)))
+            yield records
+        if starts:
             pos = p
             continue
         # Not one whole record left in buf: the next header, or its data, needs more bytes.

@@ -178,6 +178,28 @@ def test_a_bad_record_deep_in_the_file_has_its_own_offset(tmp_path, monkeypatch,
     assert seen == MANY[: len(seen)] and len(seen) <= 151
 
 
+@pytest.mark.parametrize("grow", [3, 1 << 40])
+def test_a_bad_length_deep_in_the_file_is_caught_where_it_is(tmp_path, grow):
+    """The walk trusts lengths until the run is checked: a wrong length that still fits the
+    buffer (3) leads it astray for the rest of the run, one past the buffer (2**40) stops it.
+    Either way the error is the bad record's, and only good records before it are yielded."""
+    p = tmp_path / "bad.tfrecord"
+    _write(p, MANY)
+    at, size = _offsets(MANY)[151], len(MANY[151])
+    raw = bytearray(p.read_bytes())
+    raw[at : at + 8] = struct.pack("<Q", size + grow)  # its CRC left as it was
+    p.write_bytes(bytes(raw))
+    seen = []
+    with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: the CRC of "
+                                          rf"the length field does not match \(length read: "
+                                          rf"{size + grow}\)"):
+        with open(p, "rb", buffering=0) as f:
+            for batch in tfrecord.iter_record_batches(f, name="f", batch_records=50):
+                seen.extend(batch)
+    # Astray: record 151's run (150..199) is held back whole. Stopped: the run ends before it.
+    assert seen == MANY[: 150 if grow == 3 else 151]
+
+
 def test_batch_records_must_be_positive():
     with pytest.raises(ValueError, match="batch_records must be >= 1, got 0"):
         _batches(b"", batch_records=0)
