@@ -70,8 +70,16 @@ def check_epoch(results, rows: int) -> None:
 def test_every_row_once_per_epoch_over_three_epochs(spark, cluster, feed_dir):
     rows = 3000
     df = make_df(spark, rows, 4).cache()
+    bytes_before = {n: mm["bytes_in"] for n, mm in cluster.metrics().items()}
     report = cluster.train(df, num_epochs=3)
     assert report.rows == 3 * rows and report.dropped_for_balance == 0
+    # Bytes: what the tasks sent is what the nodes took in (no retries here), and it is the
+    # rows' own payload: at least the fixed-width columns (id 8, x 8, vec 3 x 4 bytes a row),
+    # at most that plus tags (<= 2 x 8), offsets and validity bits. Counting a slice's whole
+    # parent buffers (the chunks are slices of Spark's batches) would overshoot it many times.
+    taken = sum(mm["bytes_in"] - bytes_before[n] for n, mm in cluster.metrics().items())
+    assert report.bytes == taken
+    assert 3 * rows * 28 <= report.bytes <= 3 * rows * (28 + 16 + 8 + 2)
     assert sum(report.rows_per_node.values()) == 3 * rows
     assert report.rows_per_node == {0: 3 * rows // 2, 1: 3 * rows // 2}
     for _ in range(3):
