@@ -39,6 +39,7 @@ from dataplane.errors import SchemaError, StorageError
 from feeders.fs import Location, list_files, resolve, storage_error
 from feeders.elements import validate_reader_args
 from feeders.generator import generator_dataset
+from feeders.readahead import ReadAheadStream
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
@@ -101,8 +102,11 @@ def _open_record_batches(
             yield from iter_record_batches(f, name=where, batch_records=batch_records)
         return
     try:
-        # compression=None: pyarrow would otherwise un-gzip ".gz" files itself, by suffix.
-        raw = loc.filesystem.open_input_stream(path, compression=None, buffer_size=1 << 20)
+        if loc.scheme == "file":  # compressed local file
+            # compression=None: pyarrow would otherwise un-gzip ".gz" files itself, by suffix.
+            raw = loc.filesystem.open_input_stream(path, compression=None, buffer_size=1 << 20)
+        else:  # S3 / HDFS: one round trip per read unless reads are issued ahead
+            raw = ReadAheadStream(loc.filesystem.open_input_file(path), name=where)
     except OSError as exc:
         raise storage_error(exc, "open", where) from exc
     with raw:

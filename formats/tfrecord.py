@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import RecordError
+from dataplane.errors import RecordError, StorageError
 
 __all__ = [
     "COMPRESSIONS",
@@ -313,6 +313,8 @@ def iter_record_batches(
         while have < need and not eof:
             try:
                 chunk = stream.read(need - have if exact else max(_READ_CHUNK, need - have))
+            except StorageError:
+                raise  # the storage failed (already names the file), not the file's contents
             except (EOFError, OSError, zlib.error) as exc:
                 raise RecordError(
                     f"{name}: cannot read past byte offset {base + pos + have} "
