@@ -50,6 +50,7 @@ SCENARIOS: dict[str, str] = {
     "push": "benchmarks.push",
     "pull-parquet": "benchmarks.pull_parquet",
     "pull-tfrecord": "benchmarks.pull_tfrecord",
+    "pull-s3": "benchmarks.pull_s3",
     "export": "benchmarks.export",
     "train": "benchmarks.train",
 }

@@ -27,7 +27,7 @@ import pyarrow as pa
 from benchmarks.data import IMAGE_SIZE
 from benchmarks.paths import BenchPath
 
-__all__ = ["TABLES", "BATCH_SIZE", "NUM_FILES", "build", "write_tfrecords"]
+__all__ = ["TABLES", "BATCH_SIZE", "NUM_FILES", "build", "feature_spec", "write_tfrecords"]
 
 TABLES = ("numeric", "mnist")
 BATCH_SIZE = 1024
@@ -76,7 +76,8 @@ def _count(ds: Any, key: str = "id") -> Callable[[], int]:
     return run
 
 
-def _tuned(files: list[Path], table: pa.Table, *, parallel_reads: bool = True) -> Any:
+def feature_spec(table: pa.Table) -> dict[str, Any]:
+    """The peers' hand-written ``parse_example`` features (int64 / float32, no casts)."""
     import tensorflow as tf
 
     features: dict[str, Any] = {}
@@ -87,6 +88,13 @@ def _tuned(files: list[Path], table: pa.Table, *, parallel_reads: bool = True) -
             features[field.name] = tf.io.FixedLenFeature([], tf.float32)
         else:
             features[field.name] = tf.io.FixedLenFeature([], tf.int64)
+    return features
+
+
+def _tuned(files: list[Path], table: pa.Table, *, parallel_reads: bool = True) -> Any:
+    import tensorflow as tf
+
+    features = feature_spec(table)
     reads = tf.data.AUTOTUNE if parallel_reads else None
     ds = tf.data.TFRecordDataset([str(f) for f in files], num_parallel_reads=reads)
     ds = ds.batch(BATCH_SIZE)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
-_SCENARIOS = ["push", "pull-parquet", "pull-tfrecord", "export", "train"]
+_SCENARIOS = ["push", "pull-parquet", "pull-tfrecord", "pull-s3", "export", "train"]
 QUICK_ROWS = 2000
 
 

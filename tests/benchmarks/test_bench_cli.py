@@ -19,6 +19,7 @@ ROWS = 600
 SCENARIO_PATHS = {
     "push": {"flight-push", "spark-mapinarrow", "flight-raw", "tfos"},
     "train": {"flight-push", "in-memory"},
+    "pull-s3": {"tfrecord", "pyarrow-stream"},
 }
 RESULT_KEYS = {"path", "rows_per_s", "mb_per_s", "seconds", "ok", "error"}
 STACK_KEYS = {"python", "pyspark", "tensorflow", "pyarrow"}
@@ -68,7 +69,7 @@ def test_quick_run_of_every_scenario(quick_run):
     scenarios = doc["scenarios"]
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["memory_gb"] > 0
     assert {s["scenario"] for s in scenarios} == {
-        "push", "pull-parquet", "pull-tfrecord", "export", "train"
+        "push", "pull-parquet", "pull-tfrecord", "pull-s3", "export", "train"
     }
     # --quick runs each scenario on its first table: push on numeric, train on mnist
     assert {(s["scenario"], s["table"]) for s in scenarios} >= {("push", "numeric"), ("train", "mnist")}
