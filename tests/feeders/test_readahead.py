@@ -10,7 +10,7 @@ from pyarrow import fs as pafs
 from dataplane.errors import RecordError, StorageError
 from feeders import readahead
 from feeders.fs import resolve
-from feeders.readahead import ReadAheadStream
+from feeders.readahead import OpenAhead, ReadAheadStream
 from feeders.tfrecord import _open_record_batches
 from formats.tfrecord import iter_record_batches, write_records
 
@@ -161,3 +161,106 @@ def test_records_framed_from_a_read_ahead_stream_match_the_file(tmp_path):
     with ReadAheadStream(f, name=str(p), block=3000, depth=4) as s:
         got = [r for b in iter_record_batches(s, name=str(p), batch_records=64) for r in b]
     assert got == records
+
+
+# ---------------------------------------------------------------- OpenAhead
+
+
+def _files(tmp_path, n=3):
+    paths = []
+    for i in range(n):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(bytes([i]) * 10)
+        paths.append(str(p))
+    return paths
+
+
+def _openahead_threads() -> int:
+    return sum(t.name.startswith("dataplane-openahead") for t in threading.enumerate())
+
+
+def test_open_ahead_opens_the_next_file_while_one_is_read(tmp_path):
+    paths = _files(tmp_path)
+    opened, second_open = [], threading.Event()
+
+    def open_file(p):
+        opened.append(p)
+        if p == paths[1]:
+            second_open.set()
+        return open(p, "rb")
+
+    ahead = OpenAhead(open_file, paths)
+    f0 = ahead.take(paths[0])
+    assert second_open.wait(10), "the second file was not opened ahead"
+    assert f0.read() == bytes([0]) * 10
+    f1 = ahead.take(paths[1])  # the one opened ahead, not opened again
+    assert f1.read() == bytes([1]) * 10 and opened[:2] == paths[:2]
+    f2 = ahead.take(paths[2])
+    assert f2.read() == bytes([2]) * 10 and opened == paths  # each opened exactly once
+    for f in (f0, f1, f2):
+        f.close()
+    ahead.close()
+    assert _openahead_threads() == 0
+
+
+def test_open_ahead_closes_what_nobody_took(tmp_path):
+    paths = _files(tmp_path)
+    handed = []
+
+    def open_file(p):
+        f = open(p, "rb")
+        handed.append(f)
+        return f
+
+    ahead = OpenAhead(open_file, paths)
+    ahead.take(paths[0]).close()
+    ahead.close()  # paths[1] was opened ahead and never taken
+    assert len(handed) == 2 and all(f.closed for f in handed)
+    assert _openahead_threads() == 0
+    # taking out of order: the file opened ahead is closed, the one asked for is opened
+    handed.clear()
+    ahead = OpenAhead(open_file, paths)
+    ahead.take(paths[0]).close()
+    f2 = ahead.take(paths[2])
+    assert f2.read() == bytes([2]) * 10
+    assert [f.name for f in handed if f.closed] == [paths[0], paths[1]]
+    f2.close()
+    ahead.close()
+
+
+def test_open_ahead_raises_a_files_error_when_that_file_is_taken(tmp_path):
+    paths = _files(tmp_path)
+    (tmp_path / "f1").unlink()
+    ahead = OpenAhead(lambda p: open(p, "rb"), paths)
+    ahead.take(paths[0]).close()  # f1's failure to open is not raised here...
+    with pytest.raises(FileNotFoundError, match="f1"):
+        ahead.take(paths[1])  # ...but here
+    ahead.close()
+    # without paths to look ahead at, take is a plain open
+    plain = OpenAhead(lambda p: open(p, "rb"), [])
+    f = plain.take(paths[2])
+    assert f.read() == bytes([2]) * 10 and _openahead_threads() == 0
+    f.close()
+
+
+def test_an_abandoned_s3_pass_leaves_no_reader_threads(tmp_path, s3_env):
+    local = tmp_path / "src"
+    local.mkdir()
+    for i in range(3):
+        with open(local / f"part-{i}.tfrecord", "wb") as f:
+            write_records(f, [bytes([i]) * 500] * 50)
+    bucket = s3_env.make_bucket()
+    url = s3_env.upload_dir(local, bucket, "abandoned")
+    from feeders.tfrecord import _RecordBatches  # the records are raw bytes: read them framed
+
+    passes = _RecordBatches(resolve(url), [f"{bucket}/abandoned/part-{i}.tfrecord" for i in range(3)],
+                            None, 10, None)
+    it = passes()
+    first = next(it)
+    assert list(first) == [bytes([0]) * 500] * 10
+    assert _openahead_threads() == 1  # part-1 is being (or was) opened ahead
+    it.close()
+    assert _openahead_threads() == 0 and _readahead_threads() == 0
+    full = [r for chunk in passes() for r in chunk]
+    assert full == [bytes([i]) * 500 for i in range(3) for _ in range(50)]
+    assert _openahead_threads() == 0 and _readahead_threads() == 0
