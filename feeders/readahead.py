@@ -8,7 +8,8 @@ in flight instead (``RandomAccessFile.read_at`` from a small thread pool; pyarro
 GIL while it waits), and hands the blocks out in order. Two blocks are requested when the
 file is opened and the number in flight doubles with each block consumed, up to ``depth``, so
 a caller that stops after a few records (sampling a schema) does not fetch megabytes it never
-reads. Through the same proxy, 20,000 MNIST records in four files: 32 -> 100-120 MB/s.
+reads. Through the same proxy, 20,000 MNIST records in four files: 30 -> about 110 MB/s
+(about 140 MB/s with :class:`OpenAhead` as well; ``dataplane bench pull-s3``).
 
 Memory: at most ``depth`` blocks in flight plus the one being read. Closing cancels the blocks
 not started, waits for those being fetched (so the file is never closed under a read), and

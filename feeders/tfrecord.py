@@ -2,7 +2,9 @@
 
 Every file is framed by our own reader (:func:`formats.tfrecord.iter_record_batches`: both
 CRCs of every record checked, vectorised), in file order: local uncompressed files with plain
-unbuffered reads, the rest (compressed, ``s3://``, ``hdfs://``) streamed through ``pyarrow.fs``.
+unbuffered reads, local compressed ones through ``pyarrow.fs`` streams, and ``s3://`` /
+``hdfs://`` files with ranged reads kept in flight and the next file opened ahead
+(:mod:`feeders.readahead`).
 The serialized records feed ``tf.data`` through :mod:`feeders.generator` in chunks: exact
 batches when a column is ragged, else about 1 MiB of records, which a graph ``map`` (one call
 per core) parses whole with ``tf.io.parse_example`` (features from
