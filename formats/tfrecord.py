@@ -224,6 +224,9 @@ def open_compressed(raw_stream: BinaryIO, compression: str | None, *, mode: str 
 
 # Records per batch when a caller does not say; also bounds the work done before a check.
 _BATCH_RECORDS = 1024
+# Bytes of headers walked before their records are checked and handed out (bounds the list of
+# record starts when a whole file is given as bytes).
+_WALK_BYTES = 4 << 20
 
 
 def _uint_at(data: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
@@ -338,12 +341,12 @@ def iter_record_batches(
         )
 
     while True:
-        # Walk every whole record left in buf (trusting the lengths for now: the run's check
-        # below finds the first bad one, and the walk never leaves buf).
+        # Walk the whole records that start in the next few MB of buf (trusting the lengths for
+        # now: the run's check below finds the first bad one, and the walk never leaves buf).
         n = len(buf)
         starts: list[int] = []
         append = starts.append
-        p, last = pos, n - 12
+        p, last = pos, min(n - 12, pos + _WALK_BYTES)
         while p <= last:
             end = p + 16 + unpack_length(buf, p)[0]
             if end > n:

@@ -158,6 +158,20 @@ def test_a_file_in_memory_reads_as_the_stream_does(tmp_path):
     assert [r for b in batches for r in b] == MANY
 
 
+@pytest.mark.parametrize("walk", [1, 13, 700])
+@pytest.mark.parametrize("source", ["stream", "bytes"])
+def test_a_short_walk_still_hands_out_every_record_once(tmp_path, monkeypatch, walk, source):
+    """Headers are walked a few MB at a time (a whole file in memory is not walked at once);
+    any walk length, even shorter than one record, gives every record once, in order."""
+    p = tmp_path / "many.tfrecord"
+    _write(p, MANY)
+    monkeypatch.setattr(tfrecord, "_WALK_BYTES", walk)
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)
+    with open(p, "rb", buffering=0) as f:
+        batches = _batches(f if source == "stream" else f.read(), batch_records=64)
+    assert [r for b in batches for r in b] == MANY
+
+
 @pytest.mark.parametrize("source", ["stream", "bytes"])
 def test_a_bad_record_deep_in_the_file_has_its_own_offset(tmp_path, monkeypatch, source):
     p = tmp_path / "bad.tfrecord"
