@@ -58,8 +58,7 @@ class NodeLauncher:
         for _ in batches:
             pass
         node_id = TaskContext.get().partitionId()
-        tls = self.node_config.get("tls")
-        client = rpc.connect(self.driver, tls_root_certs=tls["cert"].encode() if tls else None)
+        client = rpc.connect_driver(self.driver, self.node_config.get("tls"))
         state = rpc.do_json_action(client, self.secret, "launch", {"node_id": node_id})
         if state.get("registered"):
             # A retried launch task: the node from the first attempt is alive; do not start

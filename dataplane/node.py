@@ -112,8 +112,7 @@ class _Node:
     def _driver(self):  # type: ignore[no-untyped-def]
         from dataplane import rpc
 
-        tls = self.cfg.get("tls")
-        return rpc.connect(self.cfg["driver"], tls_root_certs=tls["cert"].encode() if tls else None)
+        return rpc.connect_driver(self.cfg["driver"], self.cfg.get("tls"))
 
     def _action(self, client, name: str, body: dict[str, Any], timeout: float = 15.0):  # type: ignore[no-untyped-def]
         from dataplane.rpc import do_json_action

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow.flight as flight
 
@@ -73,6 +73,15 @@ def connect(location: str, *, tls_root_certs: bytes | None = None) -> flight.Fli
     if tls_root_certs is not None:
         kw["tls_root_certs"] = tls_root_certs
     return flight.FlightClient(location, **kw)
+
+
+def connect_driver(location: str, tls: Mapping[str, str] | None) -> flight.FlightClient:
+    """A client of the driver's control server, from a node config's ``tls`` entry.
+
+    ``tls`` is ``{"cert": PEM, "key": PEM}`` when the cluster runs with TLS (the certificate is
+    every client's root), else ``None``.
+    """
+    return connect(location, tls_root_certs=tls["cert"].encode() if tls else None)
 
 
 _TASK_CLIENTS: "OrderedDict[tuple[int, str, bytes | None], flight.FlightClient]" = OrderedDict()
