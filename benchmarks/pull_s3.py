@@ -19,25 +19,15 @@ object store (S3's first byte is typically 10-50 ms away). The table is written 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.paths import BenchPath
-from benchmarks.pull_tfrecord import BATCH_SIZE, NUM_FILES, feature_spec, write_tfrecords
+from benchmarks.pull_tfrecord import BATCH_SIZE, NUM_FILES, count_rows, feature_spec, write_tfrecords
 
 __all__ = ["TABLES", "DELAY_MS", "build"]
 
 TABLES = ("numeric", "mnist")
 DELAY_MS = 10.0  # each way: a 20 ms round trip
-
-
-def _count(ds: Any) -> Callable[[], int]:
-    def run() -> int:
-        rows = 0
-        for batch in ds:
-            rows += int(batch["id"].shape[0])
-        return rows
-
-    return run
 
 
 def _streamed(s3: Any, paths: list[str], features: dict[str, Any]) -> Any:
@@ -101,6 +91,6 @@ def build(env: Any) -> list[BenchPath]:
 
     nbytes = table.num_rows * env.row_bytes()
     return [
-        BenchPath("tfrecord", _count(ours), kind="ours", nbytes=nbytes),
-        BenchPath("pyarrow-stream", _count(peer), kind="peer", nbytes=nbytes, close=close),
+        BenchPath("tfrecord", count_rows(ours), kind="ours", nbytes=nbytes),
+        BenchPath("pyarrow-stream", count_rows(peer), kind="peer", nbytes=nbytes, close=close),
     ]

@@ -27,7 +27,7 @@ import pyarrow as pa
 from benchmarks.data import IMAGE_SIZE
 from benchmarks.paths import BenchPath
 
-__all__ = ["TABLES", "BATCH_SIZE", "NUM_FILES", "build", "feature_spec", "write_tfrecords"]
+__all__ = ["TABLES", "BATCH_SIZE", "NUM_FILES", "build", "count_rows", "feature_spec", "write_tfrecords"]
 
 TABLES = ("numeric", "mnist")
 BATCH_SIZE = 1024
@@ -66,7 +66,9 @@ def write_tfrecords(table: pa.Table, directory: Path, *, files: int = NUM_FILES)
     return out
 
 
-def _count(ds: Any, key: str = "id") -> Callable[[], int]:
+def count_rows(ds: Any, key: str = "id") -> Callable[[], int]:
+    """A repetition: iterate ``ds`` once, materialising every batch; returns the rows seen."""
+
     def run() -> int:
         rows = 0
         for batch in ds:
@@ -112,11 +114,11 @@ def build(env: Any) -> list[BenchPath]:
     nbytes = table.num_rows * env.row_bytes()
     ours = feeders.tfrecord_dataset(directory, batch_size=BATCH_SIZE)
     return [
-        BenchPath("tfrecord", _count(ours), kind="ours", nbytes=nbytes),
-        BenchPath("tfdata-tuned", _count(_tuned(files, table)), kind="peer", nbytes=nbytes),
+        BenchPath("tfrecord", count_rows(ours), kind="ours", nbytes=nbytes),
+        BenchPath("tfdata-tuned", count_rows(_tuned(files, table)), kind="peer", nbytes=nbytes),
         BenchPath(
             "tfdata-sequential",
-            _count(_tuned(files, table, parallel_reads=False)),
+            count_rows(_tuned(files, table, parallel_reads=False)),
             kind="peer",
             nbytes=nbytes,
         ),

@@ -163,6 +163,7 @@ class OpenAhead:
     def __init__(self, open_file: Callable[[str], Any], paths: Sequence[str]) -> None:
         self._open = open_file
         self._paths = list(paths)
+        self._index = {p: i for i, p in enumerate(self._paths)}
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[str, Future] | None = None
 
@@ -174,11 +175,8 @@ class OpenAhead:
             if ahead is not None:
                 self._discard(ahead[1])
             opened = self._open(path)
-        try:
-            i = self._paths.index(path)
-        except ValueError:
-            return opened
-        if i + 1 < len(self._paths):
+        i = self._index.get(path)
+        if i is not None and i + 1 < len(self._paths):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="dataplane-openahead")
             nxt = self._paths[i + 1]
