@@ -32,27 +32,12 @@ import pyarrow as pa
 from dataplane.errors import RecordError, SchemaError
 from formats.features import feature_kind, ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec
+from formats.wire import read_varint as _varint
 
 __all__ = ["decode_examples", "infer_specs", "parse_record"]
 
 _KINDS = {0x0A: "bytes", 0x12: "float", 0x1A: "int64"}
 _ROW_LENGTHS = re.compile(r"^(.*)/row_lengths_(\d+)$")
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    result = b & 0x7F
-    shift = 7
-    pos += 1
-    while True:
-        b = buf[pos]
-        result |= (b & 0x7F) << shift
-        pos += 1
-        if b < 0x80:
-            return result, pos
-        shift += 7
 
 
 def _skip(buf: bytes, pos: int, wire: int) -> int:

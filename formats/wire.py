@@ -1,8 +1,8 @@
 """Vectorised protobuf wire-format pieces for the ``tf.train.Example`` encoder.
 
-Varints of whole numpy arrays, per-row byte strings built from constant and varint segments,
-and ``large_binary`` Arrow arrays over numpy buffers (zero copy where possible). Used by
-:mod:`formats.example`; nothing here knows about Examples.
+Varints of whole numpy arrays (and one varint read back), per-row byte strings built from
+constant and varint segments, and ``large_binary`` Arrow arrays over numpy buffers (zero copy
+where possible). Used by the Example coders in :mod:`formats`; nothing here knows about Examples.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["varint_sizes", "varints", "varint_bytes", "binary", "binary_parts", "header", "join"]
+__all__ = ["varint_sizes", "varints", "varint_bytes", "read_varint", "binary", "binary_parts", "header", "join"]
 
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
@@ -125,3 +125,20 @@ def varint_bytes(v: int) -> bytes:
         else:
             out.append(b)
             return bytes(out)
+
+
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The varint starting at ``buf[pos]`` and the position after it (IndexError past the end)."""
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        result |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return result, pos
+        shift += 7
