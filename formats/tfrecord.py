@@ -21,12 +21,13 @@ import gzip
 import io
 import struct
 import zlib
-from typing import BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import RecordError, StorageError
+from formats.pool import BufferPool
 
 __all__ = [
     "COMPRESSIONS",
@@ -37,6 +38,8 @@ __all__ = [
     "open_compressed",
     "iter_records",
     "iter_record_batches",
+    "iter_record_spans",
+    "RecordSpans",
     "write_records",
     "write_record_array",
 ]
@@ -238,12 +241,14 @@ def _uint_at(data: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
     return view[offsets]
 
 
-def _check_run(buf: bytes, starts: list[int]) -> list[bytes]:
+def _check_run(buf: bytes, starts: list[int], materialize: bool) -> "list[bytes] | RecordSpans":
     """Check the CRCs of a run of records walked in ``buf``; return their data.
 
     Vectorised: the lengths and stored CRCs are gathered with numpy, the length CRCs computed
-    with numpy, the data CRCs with one C call per record over the record's own bytes (which
-    are what is returned, so nothing is sliced twice). No Python bytecode per record.
+    with numpy, the data CRCs with one C call per record, over the record's own ``bytes`` when
+    they are returned (``materialize``, so nothing is sliced twice), else over views of ``buf``
+    (the records are then returned as :class:`RecordSpans`, not copied). No Python bytecode per
+    record.
 
     Raises:
         _BadRecord: the first record in the run whose length or data CRC does not match.
@@ -254,13 +259,51 @@ def _check_run(buf: bytes, starts: list[int]) -> list[bytes]:
     length_ok = _masked_crc_of_lengths(lengths) == _uint_at(data, st + 8, 4)
     begins = st + 12
     ends = begins + lengths.astype(np.int64)  # the walk kept every record inside buf
-    records = list(map(buf.__getitem__, map(slice, begins.tolist(), ends.tolist())))
-    data_ok = _masked_crcs(records, len(records)) == _uint_at(data, ends, 4)
-    good = length_ok & data_ok
+    out: list[bytes] | RecordSpans
+    if materialize:
+        out = list(map(buf.__getitem__, map(slice, begins.tolist(), ends.tolist())))
+        crcs = _masked_crcs(out, len(out))
+    else:
+        out = RecordSpans(buf, begins, ends - begins)
+        crcs = _masked_crcs_of_slices(buf, begins.tolist(), ends.tolist())
+    good = length_ok & (crcs == _uint_at(data, ends, 4))
     if not good.all():
         i = int(np.argmin(good))
         raise _BadRecord(i, int(lengths[i]), "length" if not length_ok[i] else "data")
-    return records
+    return out
+
+
+class RecordSpans:
+    """CRC-checked records left where they were read: ``buf[begins[i] : begins[i] + lengths[i]]``.
+
+    What :func:`iter_record_spans` yields, for decoders that read the records' bytes in place
+    (``formats.example_layout``) instead of as one Python ``bytes`` each.
+    """
+
+    __slots__ = ("buf", "begins", "lengths")
+
+    def __init__(self, buf: bytes | memoryview, begins: np.ndarray, lengths: np.ndarray) -> None:
+        self.buf = buf
+        self.begins = begins  # int64
+        self.lengths = lengths  # int64
+
+    def __len__(self) -> int:
+        return len(self.begins)
+
+    def __getitem__(self, index: slice) -> "RecordSpans":
+        return RecordSpans(self.buf, self.begins[index], self.lengths[index])
+
+    def records(self) -> list[bytes]:
+        """Each record's data as ``bytes`` (copies)."""
+        if not len(self.begins):
+            return []
+        first = int(self.begins[0])
+        ends = self.begins + self.lengths
+        # One copy of the whole span, then slices of it: as cheap as slicing a bytes buffer.
+        whole = self.buf[first : int(ends.max())]
+        if not isinstance(whole, bytes):
+            whole = whole.tobytes()
+        return list(map(whole.__getitem__, map(slice, (self.begins - first).tolist(), (ends - first).tolist())))
 
 
 class _BadRecord(Exception):
@@ -270,28 +313,14 @@ class _BadRecord(Exception):
         self.field = field
 
 
-def iter_record_batches(
-    stream: BinaryIO | bytes, *, name: str, batch_records: int = _BATCH_RECORDS
-) -> Iterator[list[bytes]]:
-    """Yield the records of a TFRecord stream in lists of up to ``batch_records``, CRC-checked.
-
-    Reads the stream in chunks of about a megabyte (or walks a whole file already in memory),
-    walks the length headers in Python (one ``unpack_from`` per record, about 0.1 us) and
-    checks every record's two CRCs in one vectorised pass per list (:func:`_check_run`), so the
-    cost per record is a few hundred nanoseconds. A list is yielded only after all of its
-    records have passed.
-
-    Args:
-        stream: binary file-like positioned at the first record (already decompressed; see
-            :func:`open_compressed`), or the whole uncompressed file as ``bytes``.
-        name: what to call the stream in errors (the file path or URL).
-        batch_records: most records per list (lists can be shorter, at the end of each chunk).
-
-    Raises:
-        RecordError: a CRC mismatch or a truncated record; the message names ``name`` and the
-            byte offset where the bad record starts (in the uncompressed stream). An empty
-            stream yields nothing.
-    """
+def _iter_checked(
+    stream: BinaryIO | bytes,
+    name: str,
+    batch_records: int,
+    materialize: bool,
+    pool: BufferPool | None = None,
+) -> Iterator[Any]:
+    """The framing loop behind :func:`iter_record_batches` and :func:`iter_record_spans`."""
     if batch_records < 1:
         raise ValueError(f"batch_records must be >= 1, got {batch_records!r}.")
     unpack_length = _LENGTH.unpack_from
@@ -310,6 +339,9 @@ def iter_record_batches(
         """
         nonlocal buf, base, pos, eof
         if eof:
+            return
+        if pool is not None:
+            refill(need)
             return
         parts = [buf[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
@@ -331,6 +363,37 @@ def iter_record_batches(
             have += len(chunk)
         base += pos
         buf = b"".join(parts) if len(parts) != 1 else parts[0]
+        pos = 0
+
+    def refill(need: int) -> None:
+        """``more`` with ``pool``: the bytes left and at least a chunk more, read into a buffer
+        from the pool (one copy of the few bytes left, no joins, no fresh memory)."""
+        nonlocal buf, base, pos, eof
+        assert pool is not None
+        left = len(buf) - pos
+        size = -(-(left + max(_READ_CHUNK, need - left)) // _READ_CHUNK) * _READ_CHUNK
+        block = pool.take(size)
+        if left:
+            block[:left] = np.frombuffer(buf, dtype=np.uint8, count=left, offset=pos)
+        view = memoryview(block)
+        have = left
+        while have < need and not eof:
+            try:
+                got = stream.readinto(view[have:])  # type: ignore[union-attr]
+            except StorageError:
+                raise
+            except (EOFError, OSError, zlib.error) as exc:
+                raise RecordError(
+                    f"{name}: cannot read past byte offset {base + pos + have} "
+                    f"(uncompressed): {exc}. The file is truncated or not compressed the way "
+                    f"it is being read; check the compression argument."
+                ) from exc
+            if not got:
+                eof = True
+                break
+            have += got
+        base += pos
+        buf = view[:have]  # type: ignore[assignment]
         pos = 0
 
     def corrupt_length(start: int, length: int) -> RecordError:
@@ -356,7 +419,7 @@ def iter_record_batches(
         for i in range(0, len(starts), batch_records):
             run = starts[i : i + batch_records]
             try:
-                records = _check_run(buf, run)
+                records = _check_run(buf, run, materialize)
             except _BadRecord as bad:
                 start, length = base + run[bad.index], bad.length
                 if bad.field == "length":
@@ -392,6 +455,48 @@ def iter_record_batches(
                 f"bytes but the file ends after {max(0, len(buf) - pos - 12)} of them. The file was "
                 f"cut short; rewrite it."
             )
+
+
+def iter_record_batches(
+    stream: BinaryIO | bytes, *, name: str, batch_records: int = _BATCH_RECORDS
+) -> Iterator[list[bytes]]:
+    """Yield the records of a TFRecord stream in lists of up to ``batch_records``, CRC-checked.
+
+    Reads the stream in chunks of about a megabyte (or walks a whole file already in memory),
+    walks the length headers in Python (one ``unpack_from`` per record, about 0.1 us) and
+    checks every record's two CRCs in one vectorised pass per list (:func:`_check_run`), so the
+    cost per record is a few hundred nanoseconds. A list is yielded only after all of its
+    records have passed.
+
+    Args:
+        stream: binary file-like positioned at the first record (already decompressed; see
+            :func:`open_compressed`), or the whole uncompressed file as ``bytes``.
+        name: what to call the stream in errors (the file path or URL).
+        batch_records: most records per list (lists can be shorter, at the end of each chunk).
+
+    Raises:
+        RecordError: a CRC mismatch or a truncated record; the message names ``name`` and the
+            byte offset where the bad record starts (in the uncompressed stream). An empty
+            stream yields nothing.
+    """
+    return _iter_checked(stream, name, batch_records, materialize=True)
+
+
+def iter_record_spans(
+    stream: BinaryIO | bytes,
+    *,
+    name: str,
+    batch_records: int = _BATCH_RECORDS,
+    pool: BufferPool | None = None,
+) -> Iterator[RecordSpans]:
+    """As :func:`iter_record_batches`, but each run of records is left in the buffer it was read
+    into (:class:`RecordSpans`) instead of being copied out record by record.
+
+    The CRCs are checked the same way before a run is yielded, and errors are the same. With
+    ``pool`` (the stream must have ``readinto``), the stream is read into buffers from the pool
+    instead of fresh ``bytes``; a buffer is reused once no span (or view) of it is alive.
+    """
+    return _iter_checked(stream, name, batch_records, materialize=False, pool=pool)
 
 
 def iter_records(stream: BinaryIO, *, name: str) -> Iterator[bytes]:

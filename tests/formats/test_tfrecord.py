@@ -217,3 +217,88 @@ def test_a_bad_length_deep_in_the_file_is_caught_where_it_is(tmp_path, grow):
 def test_batch_records_must_be_positive():
     with pytest.raises(ValueError, match="batch_records must be >= 1, got 0"):
         _batches(b"", batch_records=0)
+
+
+def _span_records(spans) -> list[bytes]:
+    return [r for s in spans for r in s.records()]
+
+
+@pytest.mark.parametrize("read_chunk", [1, 7, 1000, 1 << 20])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_spans_hand_out_what_record_lists_do(tmp_path, monkeypatch, read_chunk, pooled):
+    """iter_record_spans leaves records in the read buffers (the pool's, with ``pool``): the
+    same records as iter_record_batches copies out (in the same runs, unless the pool's reads,
+    whole multiples of the read chunk, cut them elsewhere)."""
+    from formats.pool import BufferPool
+
+    p = tmp_path / "many.tfrecord"
+    _write(p, MANY)
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", read_chunk)
+    with open(p, "rb", buffering=0) as f:
+        lists = _batches(f, batch_records=64)
+    with open(p, "rb", buffering=0) as f:
+        spans = list(tfrecord.iter_record_spans(
+            f, name="f", batch_records=64, pool=BufferPool() if pooled else None))
+    assert _span_records(spans) == MANY
+    assert all(0 < len(s) <= 64 for s in spans)
+    if not pooled:
+        assert [s.records() for s in spans] == lists
+    # Slicing a run keeps the right records (the reader cuts runs into chunks and shards).
+    assert _span_records(s[1::3] for s in spans) == [r for s in spans for r in s.records()[1::3]]
+
+
+def test_pooled_spans_keep_their_bytes_while_alive_and_free_them_after(tmp_path, monkeypatch):
+    from formats.pool import BufferPool
+
+    p = tmp_path / "many.tfrecord"
+    _write(p, MANY * 5)
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 4096)
+    pool = BufferPool()
+    with open(p, "rb", buffering=0) as f:
+        held = list(tfrecord.iter_record_spans(f, name="f", batch_records=50, pool=pool))
+    # Every span still alive: no buffer was handed out twice, so none was overwritten.
+    assert _span_records(held) == MANY * 5
+    while_held = pool.kept()
+    assert while_held > 2
+    del held
+    for _ in range(3):
+        with open(p, "rb", buffering=0) as f:
+            for span in tfrecord.iter_record_spans(f, name="f", batch_records=50, pool=pool):
+                span.records()
+    # Dropped spans give their buffers back: later passes reuse them instead of growing.
+    assert pool.kept() <= while_held
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_spans_raise_the_same_errors(tmp_path, monkeypatch, pooled):
+    from formats.pool import BufferPool
+
+    p = tmp_path / "bad.tfrecord"
+    _write(p, MANY)
+    at, size = _offsets(MANY)[151], len(MANY[151])
+    raw = bytearray(p.read_bytes())
+    raw[at + 12 + 100] ^= 0x01
+    p.write_bytes(bytes(raw))
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)
+    seen = []
+    with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: "
+                                          rf"the CRC of its {size} data bytes does not match"):
+        with open(p, "rb", buffering=0) as f:
+            for span in tfrecord.iter_record_spans(
+                f, name="f", batch_records=50, pool=BufferPool() if pooled else None
+            ):
+                seen.extend(span.records())
+    assert seen == MANY[: len(seen)] and len(seen) <= 151
+    # Truncated in the middle of a record's data.
+    p.write_bytes(_write_bytes(MANY)[: _offsets(MANY)[20] + 30])
+    with pytest.raises(RecordError, match=rf"^f: truncated record at byte offset "
+                                          rf"{_offsets(MANY)[20]}"):
+        with open(p, "rb", buffering=0) as f:
+            list(tfrecord.iter_record_spans(
+                f, name="f", batch_records=50, pool=BufferPool() if pooled else None))
+
+
+def _write_bytes(records) -> bytes:
+    buf = io.BytesIO()
+    write_records(buf, records)
+    return buf.getvalue()
