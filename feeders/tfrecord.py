@@ -45,7 +45,15 @@ from feeders.readahead import OpenAhead, ReadAheadStream
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
-from formats.tfrecord import iter_record_batches, normalize_compression, open_compressed
+from formats.example_layout import LayoutDecoder, layout_columns
+from formats.pool import BufferPool
+from formats.tfrecord import (
+    RecordSpans,
+    iter_record_batches,
+    iter_record_spans,
+    normalize_compression,
+    open_compressed,
+)
 
 __all__ = ["tfrecord_dataset", "TFRecordPlan", "plan_tfrecord", "sample_records", "count_records"]
 
@@ -109,14 +117,24 @@ def _open_raw(loc: Location, path: str, compression: str | None) -> BinaryIO:
 
 
 def _framed(
-    loc: Location, path: str, raw: BinaryIO, compression: str | None, batch_records: int
-) -> Iterator[list[bytes]]:
-    """The records of an opened file in CRC-checked lists; closes ``raw`` when done."""
+    loc: Location,
+    path: str,
+    raw: BinaryIO,
+    compression: str | None,
+    batch_records: int,
+    pool: BufferPool | None = None,
+) -> Iterator[Any]:
+    """The records of an opened file in CRC-checked lists (or, with ``pool``, as
+    :class:`~formats.tfrecord.RecordSpans` left in read buffers taken from it); closes ``raw``
+    when done."""
     where = loc.display(path)
     with raw:
         stream = open_compressed(raw, compression)
         try:
-            yield from iter_record_batches(stream, name=where, batch_records=batch_records)
+            if pool is None:
+                yield from iter_record_batches(stream, name=where, batch_records=batch_records)
+            else:
+                yield from iter_record_spans(stream, name=where, batch_records=batch_records, pool=pool)
         finally:
             if stream is not raw:
                 stream.close()
@@ -233,7 +251,13 @@ def _select(
 
 
 def _parser(specs: Sequence[ColumnSpec], label: str | None):
-    """A graph function: a batch of serialized Examples -> dict of tensors (or features, label)."""
+    """Graph functions for the chunks: ``parse(serialized)`` and ``parse_or_take(serialized,
+    decoded)``, each giving a dict of tensors (or ``(features, label)``) in the columns' dtypes.
+
+    ``parse_or_take`` takes chunks from the layout decoder: ``decoded`` holds the values when
+    the chunk's records were decoded in Python, else ``serialized`` holds the records and they
+    are parsed here (exactly one of the two is non-empty).
+    """
     import tensorflow as tf
 
     from formats.example import parse_features
@@ -241,8 +265,7 @@ def _parser(specs: Sequence[ColumnSpec], label: str | None):
     features = parse_features(specs)
     targets = {s.name: tf.string if s.dtype == "string" else tf.as_dtype(s.dtype) for s in specs}
 
-    def parse(serialized):
-        parsed = tf.io.parse_example(serialized, features)
+    def finish(parsed):
         out = {}
         for s in specs:
             t = parsed[s.name]
@@ -254,7 +277,19 @@ def _parser(specs: Sequence[ColumnSpec], label: str | None):
         y = out.pop(label)
         return out, y
 
-    return parse
+    def parse(serialized):
+        return finish(tf.io.parse_example(serialized, features))
+
+    def parse_or_take(serialized, decoded):
+        return finish(
+            tf.cond(
+                tf.size(serialized) > 0,
+                lambda: tf.io.parse_example(serialized, features),
+                lambda: decoded,
+            )
+        )
+
+    return parse, parse_or_take
 
 
 # Serialized records per generator call, when the batches are dense: a multiple of the batch
@@ -279,6 +314,12 @@ class _RecordBatches:
     multiple of it sized to about :data:`_CHUNK_BYTES` (from the first records' size). Chunks
     run across file boundaries. With ``record_shard`` ``(index, count)``, every ``count``-th
     record from ``index`` is kept (counted across files).
+
+    With ``layout`` (``{name: (kind, shape)}`` from :func:`formats.example_layout.layout_columns`,
+    chunked only), each chunk is a pair ``(serialized, decoded)``: the chunk's records decoded
+    in place by :class:`~formats.example_layout.LayoutDecoder` (``decoded``, one array per
+    column, ``serialized`` empty) when they all share a layout it takes, else the serialized
+    records (``decoded`` empty) for ``tf.io.parse_example``.
     """
 
     def __init__(
@@ -289,29 +330,40 @@ class _RecordBatches:
         batch_size: int,
         record_shard: tuple[int, int] | None,
         chunked: bool = False,
+        layout: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
     ) -> None:
+        if layout is not None and not chunked:
+            raise ValueError("_RecordBatches: layout decoding needs chunked=True")
         self.loc = loc
         self.files = files
         self.compression = compression
         self.batch_size = batch_size
         self.record_shard = record_shard
         self.chunked = chunked
+        self.layout = dict(layout) if layout is not None else None
+        self._pool = BufferPool()
+        # Whether the last chunk tried could be layout-decoded (None: none tried yet), kept
+        # across passes: data that cannot be (varying layouts) is then framed as bytes.
+        self._decodes: bool | None = None
+        self._files_since_failure = 0
 
-    def _chunk_size(self, recs: list[bytes]) -> int:
+    def _chunk_size(self, mean_length: float) -> int:
         if not self.chunked:
             return self.batch_size
-        per_record = 16 + sum(map(len, recs)) / len(recs)
-        batches = int(_CHUNK_BYTES / (per_record * self.batch_size))
+        batches = int(_CHUNK_BYTES / ((16 + mean_length) * self.batch_size))
         return self.batch_size * max(1, min(batches, _MAX_CHUNK_BATCHES))
 
-    def __call__(self) -> Iterator[np.ndarray]:
+    def __call__(self) -> Iterator[Any]:
         index, count = self.record_shard or (0, 1)
         # Remote files: the next one is opened (and its first blocks requested) while this one
         # is read, so a file's first round trips overlap the previous file's data.
         opener = OpenAhead(lambda p: _open_raw(self.loc, p, self.compression),
                            self.files if self.loc.scheme != "file" else [])
         try:
-            yield from self._chunks(opener, index, count)
+            if self.layout is None:
+                yield from self._chunks(opener, index, count)
+            else:
+                yield from self._decoded_chunks(opener, index, count)
         finally:
             opener.close()
 
@@ -329,7 +381,7 @@ class _RecordBatches:
                 if not recs:
                     continue
                 if not size:
-                    size = self._chunk_size(recs)
+                    size = self._chunk_size(sum(map(len, recs)) / len(recs))
                 if not pending and len(recs) == size:
                     yield np.array(recs, dtype=object)
                     continue
@@ -339,6 +391,73 @@ class _RecordBatches:
                     del pending[:size]
         if pending:
             yield np.array(pending, dtype=object)
+
+    def _decoded_chunks(self, opener: "OpenAhead", index: int, count: int) -> Iterator[tuple]:
+        assert self.layout is not None
+        decoder = LayoutDecoder(self.layout)
+        size = 0
+        seen = 0
+        parts: list[Any] = []  # RecordSpans, or lists of bytes from files read without spans
+        have = 0
+        for path in self.files:
+            raw = opener.take(path)
+            pool = self._pool if self._spans_for_next_file() else None
+            for part in _framed(self.loc, path, raw, self.compression, self.batch_size, pool):
+                if count > 1:
+                    first = (index - seen) % count
+                    seen += len(part)
+                    part = part[first::count]
+                if not size and len(part):
+                    mean = part.lengths.mean() if pool else sum(map(len, part)) / len(part)
+                    size = self._chunk_size(float(mean))
+                while len(part):
+                    take = min(size - have, len(part))
+                    parts.append(part[:take])
+                    have += take
+                    part = part[take:]
+                    if have == size:
+                        yield self._decode(decoder, parts, have, size)
+                        parts, have = [], 0
+        if have:
+            yield self._decode(decoder, parts, have, size)
+
+    def _spans_for_next_file(self) -> bool:
+        """Whether to read the next file for layout decoding: yes unless the last chunk tried
+        could not be decoded, and then again every :data:`_RETRY_LAYOUT_FILES` files."""
+        if self._decodes is not False:
+            return True
+        self._files_since_failure += 1
+        return self._files_since_failure % _RETRY_LAYOUT_FILES == 0
+
+    def _decode(self, decoder: LayoutDecoder, parts: list[Any], n: int, size: int) -> tuple:
+        """One chunk of ``n`` records as ``(serialized, decoded)`` (see the class doc)."""
+        assert self.layout is not None
+        if all(isinstance(p, RecordSpans) for p in parts):
+            out = {
+                name: self._pool.take_array((size, *shape), _KIND_DTYPES[kind])[:n]
+                for name, (kind, shape) in self.layout.items()
+            }
+            at = 0
+            for part in parts:
+                if not decoder.decode(part.buf, part.begins, part.lengths, out, at):
+                    break
+                at += len(part)
+            else:
+                self._decodes = True
+                return _NO_RECORDS, out
+            del out  # back to the pool
+            self._decodes, self._files_since_failure = False, 0
+        records = [r for p in parts for r in (p.records() if isinstance(p, RecordSpans) else p)]
+        return np.array(records, dtype=object), {
+            name: np.zeros((0, *shape), dtype=_KIND_DTYPES[kind])
+            for name, (kind, shape) in self.layout.items()
+        }
+
+
+# Files read without layout decoding after a chunk failed it, before trying again.
+_RETRY_LAYOUT_FILES = 16
+_KIND_DTYPES = {"float": np.float32, "int64": np.int64}
+_NO_RECORDS = np.zeros(0, dtype=object)
 
 
 def tfrecord_dataset(
@@ -393,7 +512,7 @@ def tfrecord_dataset(
         path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
     )
     specs = _select(plan.specs, columns, label, fill_values, plan.location.url)
-    parse = _parser(specs, label)
+    parse, parse_or_take = _parser(specs, label)
     files, record_shard = plan.files, None
     if shard_t is not None:
         if len(files) >= shard_t[1]:
@@ -401,11 +520,21 @@ def tfrecord_dataset(
         else:
             record_shard = shard_t
     dense = not any(s.is_ragged for s in specs)
+    layout = layout_columns(specs) if dense else None
     stream = _RecordBatches(
-        plan.location, files, plan.compression, int(batch_size), record_shard, chunked=dense
+        plan.location, files, plan.compression, int(batch_size), record_shard, chunked=dense,
+        layout=layout,
     )
-    chunks = generator_dataset(stream, tf.TensorSpec((None,), tf.string))
-    ds = chunks.map(parse, num_parallel_calls=_parse_calls())
+    if layout is None:
+        chunks = generator_dataset(stream, tf.TensorSpec((None,), tf.string))
+        ds = chunks.map(parse, num_parallel_calls=_parse_calls())
+    else:
+        decoded = {
+            name: tf.TensorSpec((None, *shape), tf.float32 if kind == "float" else tf.int64)
+            for name, (kind, shape) in layout.items()
+        }
+        chunks = generator_dataset(stream, (tf.TensorSpec((None,), tf.string), decoded))
+        ds = chunks.map(parse_or_take, num_parallel_calls=_parse_calls())
     if dense:  # rebatch of ragged tensors is slow; those chunks are exact batches already
         ds = ds.rebatch(int(batch_size))
     opts = tf.data.Options()

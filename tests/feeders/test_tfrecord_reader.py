@@ -8,11 +8,12 @@ exact batches, and nothing left open.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import feeders
 from feeders import tfrecord as reader
-from tests.builders import numeric_table, row_checksum, write_tfrecord_files
+from tests.builders import mnist_like_table, numeric_table, row_checksum, write_tfrecord_files
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def test_chunks_of_many_batches_are_recut_exactly(three_files, monkeypatch):
 
     def spy(self):
         for chunk in original(self):
-            seen.append(len(chunk))
+            serialized, decoded = chunk  # dense columns: records, or their decoded values
+            seen.append(len(serialized) or len(decoded["id"]))
             yield chunk
 
     monkeypatch.setattr(reader._RecordBatches, "__call__", spy)
@@ -82,3 +84,150 @@ def test_an_abandoned_pass_closes_its_files(three_files):
 
     gc.collect()
     assert live_iterators() == before
+
+
+# --- records that share a layout: decoded in place (formats.example_layout) -------------------
+
+MNIST_SCHEMA = pa.schema(
+    [("id", pa.int64()), ("image", pa.list_(pa.float32(), 784)), ("label", pa.int64())]
+)
+
+
+@pytest.fixture(scope="module")
+def mnist_files(tmp_path_factory):
+    """300 MNIST-shaped rows in 3 files; ids cross 128, so records come in two lengths."""
+    root = tmp_path_factory.mktemp("tfr-layout") / "data"
+    table = mnist_like_table(300)
+    write_tfrecord_files(table, root, files=3)
+    return root, table
+
+
+def _tf_parsed(files, batch_size):
+    """The peer: TensorFlow's own reader and parser over the same files."""
+    import tensorflow as tf
+
+    features = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "image": tf.io.FixedLenFeature([784], tf.float32),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    ds = tf.data.TFRecordDataset([str(f) for f in files]).batch(batch_size)
+    return [tf.io.parse_example(b, features) for b in ds]
+
+
+def _spy_decodes(monkeypatch) -> list[str]:
+    """Record, per chunk, whether it came decoded in place or as serialized records."""
+    seen: list[str] = []
+    original = reader._RecordBatches._decode
+
+    def spy(self, *args):
+        serialized, decoded = original(self, *args)
+        seen.append("parsed" if len(serialized) else "decoded")
+        return serialized, decoded
+
+    monkeypatch.setattr(reader._RecordBatches, "_decode", spy)
+    return seen
+
+
+def test_shared_layout_records_decode_to_what_parse_example_gives(mnist_files, monkeypatch):
+    root, table = mnist_files
+    seen = _spy_decodes(monkeypatch)
+    ours = list(feeders.tfrecord_dataset(root, schema=MNIST_SCHEMA, batch_size=64))
+    peer = _tf_parsed(sorted(root.iterdir()), 64)
+    assert seen and set(seen) == {"decoded"}
+    assert [int(b["id"].shape[0]) for b in ours] == [64, 64, 64, 64, 44]
+    for a, b in zip(ours, peer, strict=True):
+        for name in ("id", "image", "label"):
+            assert a[name].dtype == b[name].dtype
+            np.testing.assert_array_equal(a[name].numpy(), b[name].numpy())
+    image = np.concatenate([b["image"].numpy() for b in ours])
+    assert image.shape == (300, 784) and image.dtype == np.float32
+    np.testing.assert_array_equal(image, np.stack(table.column("image").to_numpy(zero_copy_only=False)))
+
+
+def test_shared_layout_record_shards(mnist_files, monkeypatch):
+    root, table = mnist_files
+    seen = _spy_decodes(monkeypatch)
+    labels = table.column("label").to_numpy()
+    for i in range(4):  # 3 files, 4 shards: every 4th record, across files
+        batches = list(feeders.tfrecord_dataset(root, schema=MNIST_SCHEMA, batch_size=10, shard=(i, 4)))
+        ids = np.concatenate([b["id"].numpy() for b in batches])
+        assert ids.tolist() == list(range(i, 300, 4))
+        np.testing.assert_array_equal(np.concatenate([b["label"].numpy() for b in batches]), labels[ids])
+    assert set(seen) == {"decoded"}
+
+
+def test_batches_kept_across_passes_are_not_overwritten(mnist_files, monkeypatch):
+    """Decoded values and read buffers are reused from a pool, but only once nothing refers to
+    them: batches kept from the first pass (TensorFlow may hold the pool's memory without a
+    copy) keep their values while later passes run, and the pool stops growing."""
+    root, table = mnist_files
+    pools = []
+
+    class Pool(reader.BufferPool):
+        def __init__(self):
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(reader, "BufferPool", Pool)
+    ds = feeders.tfrecord_dataset(root, schema=MNIST_SCHEMA, batch_size=32)
+    kept = list(ds)
+    expected = [b["image"].numpy().copy() for b in kept]
+    for _ in range(3):
+        for _batch in ds:
+            pass
+    assert len(pools) == 1
+    sizes = [pools[0].kept()]
+    for _ in range(3):
+        for _batch in ds:
+            pass
+        sizes.append(pools[0].kept())
+    for b, image in zip(kept, expected, strict=True):
+        np.testing.assert_array_equal(b["image"].numpy(), image)
+    assert np.concatenate([b["id"].numpy() for b in kept]).tolist() == list(range(300))
+    assert sizes == [sizes[0]] * 4, sizes  # steady: later passes reuse what is free
+
+
+def _write_examples(path, rows):
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for row in rows:
+            feats = {}
+            for key, value in row.items():
+                if isinstance(value[0], float):
+                    feats[key] = tf.train.Feature(float_list=tf.train.FloatList(value=value))
+                else:
+                    feats[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=value))
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+
+
+def test_records_the_decoder_refuses_fall_back_to_parse_example(tmp_path, monkeypatch):
+    """Record 30 has an extra feature: another layout, still decoded in place. Record 55 has the
+    length of the others but its varints split differently: refused, so its chunk (the last of
+    file 2) is parsed by TensorFlow, the next file is read as plain bytes, and the one after is
+    tried in place again (every ``_RETRY_LAYOUT_FILES`` files). Values exact throughout."""
+    monkeypatch.setattr(reader, "_RETRY_LAYOUT_FILES", 2)
+    monkeypatch.setattr(reader, "_CHUNK_BYTES", 1)  # one batch a chunk
+    rng = np.random.default_rng(3)
+    rows = [
+        {"id": [i], "j": [5], "k": [300], "x": rng.random(5, dtype=np.float32).tolist()}
+        for i in range(120)
+    ]
+    rows[30] = {"extra": [7], **rows[30]}
+    rows[55].update(j=[300], k=[5])
+    for f in range(6):
+        _write_examples(tmp_path / f"part-{f}.tfrecord", rows[f * 20 : (f + 1) * 20])
+    schema = pa.schema(
+        [("id", pa.int64()), ("j", pa.int64()), ("k", pa.int64()), ("x", pa.list_(pa.float32(), 5))]
+    )
+    seen = _spy_decodes(monkeypatch)
+    batches = list(feeders.tfrecord_dataset(tmp_path, schema=schema, batch_size=10))
+    assert np.concatenate([b["id"].numpy() for b in batches]).tolist() == list(range(120))
+    for name in ("j", "k"):
+        got = np.concatenate([b[name].numpy() for b in batches])
+        assert got.tolist() == [r[name][0] for r in rows], name
+    x = np.concatenate([b["x"].numpy() for b in batches])
+    np.testing.assert_array_equal(x, np.array([r["x"] for r in rows], dtype=np.float32))
+    # Files of 2 chunks: 0-2 decoded but chunk 5; file 3 as bytes; files 4 and 5 in place.
+    assert seen == ["decoded"] * 5 + ["parsed"] * 3 + ["decoded"] * 4, seen
