@@ -302,3 +302,45 @@ def _write_bytes(records) -> bytes:
     buf = io.BytesIO()
     write_records(buf, records)
     return buf.getvalue()
+
+
+# Runs of equal-length records (the walk takes those in numpy steps), a length change between
+# them, and a last record cut off by the read chunk in most of the chunk sizes below.
+UNIFORM = [bytes([i % 251]) * 100 for i in range(300)] + [b"b" * 101] * 50 + [b"c" * 100] * 100
+
+
+@pytest.mark.parametrize("read_chunk", [7, 1000, 4096, 1 << 20])
+@pytest.mark.parametrize("walk", [1, 1000, 4 << 20])
+def test_runs_of_one_length_are_walked_like_any_records(tmp_path, monkeypatch, read_chunk, walk):
+    p = tmp_path / "uniform.tfrecord"
+    _write(p, UNIFORM)
+    monkeypatch.setattr(tfrecord, "_READ_CHUNK", read_chunk)
+    monkeypatch.setattr(tfrecord, "_WALK_BYTES", walk)
+    with open(p, "rb", buffering=0) as f:
+        batches = _batches(f, batch_records=64)
+    assert [r for b in batches for r in b] == UNIFORM
+    assert all(0 < len(b) <= 64 for b in batches)
+    batches = _batches(p.read_bytes(), batch_records=64)
+    assert [r for b in batches for r in b] == UNIFORM
+
+
+@pytest.mark.parametrize("damage", ["data", "length+3", "length-1"])
+def test_damage_inside_a_run_of_one_length_is_caught_where_it_is(tmp_path, damage):
+    p = tmp_path / "uniform.tfrecord"
+    _write(p, UNIFORM)
+    at = _offsets(UNIFORM)[151]
+    raw = bytearray(p.read_bytes())
+    if damage == "data":
+        raw[at + 12 + 50] ^= 0x01
+        message = rf"the CRC of its 100 data bytes does not match"
+    else:
+        length = 100 + int(damage[6:])
+        raw[at : at + 8] = struct.pack("<Q", length)  # its CRC left as it was
+        message = rf"the CRC of the length field does not match \(length read: {length}\)"
+    p.write_bytes(bytes(raw))
+    seen = []
+    with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: {message}"):
+        with open(p, "rb", buffering=0) as f:
+            for batch in tfrecord.iter_record_batches(f, name="f", batch_records=50):
+                seen.extend(batch)
+    assert seen == UNIFORM[:150]  # record 151's run (150..199) is held back whole
