@@ -30,6 +30,7 @@ kinds, so pass a schema for exact types and fixed shapes).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from typing import Any, BinaryIO, Iterator, Mapping, Sequence
@@ -37,7 +38,7 @@ from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from dataplane.errors import RecordError, SchemaError, StorageError
 from feeders.fs import Location, list_files, resolve, storage_error
 from feeders.elements import validate_reader_args
 from feeders.generator import generator_dataset
@@ -447,13 +448,47 @@ class _RecordBatches:
                 return _NO_RECORDS, out
             del out  # back to the pool
             self._decodes, self._files_since_failure = False, 0
-        records = [r for p in parts for r in (p.records() if isinstance(p, RecordSpans) else p)]
+        records = list(itertools.chain.from_iterable(
+            p.records() if isinstance(p, RecordSpans) else p for p in parts
+        ))
         return np.array(records, dtype=object), {
             name: np.zeros((0, *shape), dtype=_KIND_DTYPES[kind])
             for name, (kind, shape) in self.layout.items()
         }
 
 
+def _layout_holds(
+    loc: Location, path: str, compression: str | None, layout: Mapping[str, tuple[str, tuple[int, ...]]]
+) -> bool:
+    """Whether the first records of ``path`` (at most :data:`_PROBE_RECORDS`, from its first
+    read) decode in place with ``layout``; also ``True`` when that cannot be told (an empty or
+    unreadable file: the pass itself reports what is wrong).
+
+    Decides the pipeline's shape: chunks that may come decoded cost a ``tf.cond`` per chunk in
+    the parsing map, which made a pass over records that never decode (narrow rows whose
+    varints vary in length, 200k numeric rows) about 8% slower.
+    """
+    try:
+        with _open_raw(loc, path, compression) as raw:
+            stream = open_compressed(raw, compression)
+            try:
+                runs = iter_record_spans(stream, name=loc.display(path), batch_records=_PROBE_RECORDS)
+                first = next(runs, None)
+            finally:
+                if stream is not raw:
+                    stream.close()
+    except (RecordError, StorageError, OSError):
+        return True
+    if first is None:
+        return True
+    out = {
+        name: np.empty((len(first), *shape), dtype=_KIND_DTYPES[kind])
+        for name, (kind, shape) in layout.items()
+    }
+    return LayoutDecoder(layout).decode(first.buf, first.begins, first.lengths, out, 0)
+
+
+_PROBE_RECORDS = 256
 # Files read without layout decoding after a chunk failed it, before trying again.
 _RETRY_LAYOUT_FILES = 16
 _KIND_DTYPES = {"float": np.float32, "int64": np.int64}
@@ -521,6 +556,10 @@ def tfrecord_dataset(
             record_shard = shard_t
     dense = not any(s.is_ragged for s in specs)
     layout = layout_columns(specs) if dense else None
+    if layout is not None and files and not _layout_holds(
+        plan.location, files[0], plan.compression, layout
+    ):
+        layout = None
     stream = _RecordBatches(
         plan.location, files, plan.compression, int(batch_size), record_shard, chunked=dense,
         layout=layout,
