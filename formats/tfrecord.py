@@ -351,6 +351,13 @@ def _iter_checked(
     pos = 0  # first unread byte in buf
     eof = whole
 
+    def unreadable(offset: int, exc: BaseException) -> RecordError:
+        return RecordError(
+            f"{name}: cannot read past byte offset {offset} (uncompressed): {exc}. The file is "
+            f"truncated or not compressed the way it is being read; check the compression "
+            f"argument."
+        )
+
     def more(need: int, *, exact: bool = False) -> None:
         """Make ``buf[pos:]`` at least ``need`` bytes long if the stream has them.
 
@@ -372,11 +379,7 @@ def _iter_checked(
             except StorageError:
                 raise  # the storage failed (already names the file), not the file's contents
             except (EOFError, OSError, zlib.error) as exc:
-                raise RecordError(
-                    f"{name}: cannot read past byte offset {base + pos + have} "
-                    f"(uncompressed): {exc}. The file is truncated or not compressed the way "
-                    f"it is being read; check the compression argument."
-                ) from exc
+                raise unreadable(base + pos + have, exc) from exc
             if not chunk:
                 eof = True
                 break
@@ -402,13 +405,9 @@ def _iter_checked(
             try:
                 got = stream.readinto(view[have:])  # type: ignore[union-attr]
             except StorageError:
-                raise
+                raise  # as in more()
             except (EOFError, OSError, zlib.error) as exc:
-                raise RecordError(
-                    f"{name}: cannot read past byte offset {base + pos + have} "
-                    f"(uncompressed): {exc}. The file is truncated or not compressed the way "
-                    f"it is being read; check the compression argument."
-                ) from exc
+                raise unreadable(base + pos + have, exc) from exc
             if not got:
                 eof = True
                 break

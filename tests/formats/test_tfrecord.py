@@ -134,6 +134,17 @@ def _offsets(records) -> list[int]:
     return out
 
 
+def _write_with_bad_data(path, records, index) -> tuple[int, int]:
+    """Write ``records`` with one data byte of record ``index`` flipped (its CRC kept);
+    return that record's byte offset and length."""
+    _write(path, records)
+    at = _offsets(records)[index]
+    raw = bytearray(path.read_bytes())
+    raw[at + 12 + 100] ^= 0x01
+    path.write_bytes(bytes(raw))
+    return at, len(records[index])
+
+
 def _batches(source, *, batch_records=1024):
     return list(tfrecord.iter_record_batches(source, name="f", batch_records=batch_records))
 
@@ -175,11 +186,7 @@ def test_a_short_walk_still_hands_out_every_record_once(tmp_path, monkeypatch, w
 @pytest.mark.parametrize("source", ["stream", "bytes"])
 def test_a_bad_record_deep_in_the_file_has_its_own_offset(tmp_path, monkeypatch, source):
     p = tmp_path / "bad.tfrecord"
-    _write(p, MANY)
-    at, size = _offsets(MANY)[151], len(MANY[151])
-    raw = bytearray(p.read_bytes())
-    raw[at + 12 + 100] ^= 0x01
-    p.write_bytes(bytes(raw))
+    at, size = _write_with_bad_data(p, MANY, 151)
     monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)  # the record starts in a later chunk
     seen = []
     with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: "
@@ -274,11 +281,7 @@ def test_spans_raise_the_same_errors(tmp_path, monkeypatch, pooled):
     from formats.pool import BufferPool
 
     p = tmp_path / "bad.tfrecord"
-    _write(p, MANY)
-    at, size = _offsets(MANY)[151], len(MANY[151])
-    raw = bytearray(p.read_bytes())
-    raw[at + 12 + 100] ^= 0x01
-    p.write_bytes(bytes(raw))
+    at, size = _write_with_bad_data(p, MANY, 151)
     monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)
     seen = []
     with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: "
