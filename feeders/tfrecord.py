@@ -12,14 +12,19 @@ per core) parses whole with ``tf.io.parse_example`` (features from
 ``Dataset.rebatch`` re-cuts into exact batches in C++ (across file boundaries; only the last
 batch may be short). Then a fixed prefetch.
 
+When every column is dense and numeric and the first file's records share a byte layout
+(records written from one schema, such as MNIST's), records are not copied out as ``bytes``:
+they stay in pooled read buffers (:func:`formats.tfrecord.iter_record_spans`) and
+:class:`formats.example_layout.LayoutDecoder` copies their values straight into the chunk's
+arrays; a chunk it refuses is parsed as above (``tf.cond`` in the ``map``).
+
 Why not ``tf.data.TFRecordDataset`` for local files: its check of a corrupt or truncated record
 raises ``DataLossError("corrupted record at <offset>")``, which does not say which file, and TF
 2.21 reads neither ``s3://`` nor ``hdfs://``. One reader for every URL gives one error: a
 :class:`~dataplane.errors.RecordError` naming the file and the record's byte offset (reaching
-the consumer inside TensorFlow's error, whose message carries it). The price, for big records:
-with 3 KB records (MNIST) a hand-written one-reader ``TFRecordDataset`` pipeline is 15-21%
-faster on 2 cores, since each record is copied into a Python ``bytes`` and again into TF's
-string tensor; with 150-byte records ours is about 10% faster (README, Benchmarks).
+the consumer inside TensorFlow's error, whose message carries it). Against a hand-written
+one-reader ``TFRecordDataset`` pipeline on 2 cores, ours is 1.1-1.35x on MNIST (decoded in
+place) and at parity on 150-byte numeric records (README, Benchmarks).
 
 The column layout comes from, in order: ``schema=``; the schema file the export job writes
 beside the data (``_tf_schema.json``, :mod:`formats.schemafile`); or inference from the first
