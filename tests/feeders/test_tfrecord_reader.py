@@ -257,3 +257,19 @@ def test_records_the_decoder_refuses_fall_back_to_parse_example(tmp_path, monkey
     np.testing.assert_array_equal(x, np.array([r["x"] for r in rows], dtype=np.float32))
     # Files of 2 chunks: 0-2 decoded but chunk 5; file 3 as bytes; files 4 and 5 in place.
     assert seen == ["decoded"] * 5 + ["parsed"] * 3 + ["decoded"] * 4, seen
+
+
+def test_shared_layout_records_from_s3_decode_in_place(mnist_files, s3_env, monkeypatch):
+    """From ``s3://`` the pooled buffers are filled by the read-ahead stream's ``readinto``."""
+    root, table = mnist_files
+    bucket = s3_env.make_bucket()
+    url = s3_env.upload_dir(root, bucket, "mnist")
+    seen = _spy_decodes(monkeypatch)
+    batches = list(feeders.tfrecord_dataset(url, schema=MNIST_SCHEMA, batch_size=64))
+    assert set(seen) == {"decoded"}
+    assert np.concatenate([b["id"].numpy() for b in batches]).tolist() == list(range(300))
+    image = np.concatenate([b["image"].numpy() for b in batches])
+    np.testing.assert_array_equal(image, np.stack(table.column("image").to_numpy(zero_copy_only=False)))
+    np.testing.assert_array_equal(
+        np.concatenate([b["label"].numpy() for b in batches]), table.column("label").to_numpy()
+    )
