@@ -34,6 +34,7 @@ kinds, so pass a schema for exact types and fixed shapes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -51,7 +52,7 @@ from feeders.readahead import OpenAhead, ReadAheadStream
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
-from formats.example_layout import LayoutDecoder, layout_columns
+from formats.example_layout import VALUE_DTYPES, LayoutDecoder, layout_columns
 from formats.pool import BufferPool
 from formats.tfrecord import (
     RecordSpans,
@@ -128,16 +129,18 @@ def _framed(
     raw: BinaryIO,
     compression: str | None,
     batch_records: int,
+    *,
+    spans: bool = False,
     pool: BufferPool | None = None,
 ) -> Iterator[Any]:
-    """The records of an opened file in CRC-checked lists (or, with ``pool``, as
-    :class:`~formats.tfrecord.RecordSpans` left in read buffers taken from it); closes ``raw``
-    when done."""
+    """The records of an opened file in CRC-checked lists (or, with ``spans``, as
+    :class:`~formats.tfrecord.RecordSpans` left in the read buffers, taken from ``pool`` if
+    given); closes ``raw`` when done."""
     where = loc.display(path)
     with raw:
         stream = open_compressed(raw, compression)
         try:
-            if pool is None:
+            if not spans:
                 yield from iter_record_batches(stream, name=where, batch_records=batch_records)
             else:
                 yield from iter_record_spans(stream, name=where, batch_records=batch_records, pool=pool)
@@ -407,14 +410,15 @@ class _RecordBatches:
         have = 0
         for path in self.files:
             raw = opener.take(path)
-            pool = self._pool if self._spans_for_next_file() else None
-            for part in _framed(self.loc, path, raw, self.compression, self.batch_size, pool):
+            spans = self._spans_for_next_file()
+            for part in _framed(self.loc, path, raw, self.compression, self.batch_size,
+                                spans=spans, pool=self._pool):
                 if count > 1:
                     first = (index - seen) % count
                     seen += len(part)
                     part = part[first::count]
                 if not size and len(part):
-                    mean = part.lengths.mean() if pool else sum(map(len, part)) / len(part)
+                    mean = part.lengths.mean() if spans else sum(map(len, part)) / len(part)
                     size = self._chunk_size(float(mean))
                 while len(part):
                     take = min(size - have, len(part))
@@ -439,10 +443,9 @@ class _RecordBatches:
         """One chunk of ``n`` records as ``(serialized, decoded)`` (see the class doc)."""
         assert self.layout is not None
         if all(isinstance(p, RecordSpans) for p in parts):
-            out = {
-                name: self._pool.take_array((size, *shape), _KIND_DTYPES[kind])[:n]
-                for name, (kind, shape) in self.layout.items()
-            }
+            full = _value_arrays(self.layout, size, self._pool.take_array)
+            out = {name: array[:n] for name, array in full.items()}
+            del full
             at = 0
             for part in parts:
                 if not decoder.decode(part.buf, part.begins, part.lengths, out, at):
@@ -456,10 +459,7 @@ class _RecordBatches:
         records = list(itertools.chain.from_iterable(
             p.records() if isinstance(p, RecordSpans) else p for p in parts
         ))
-        return np.array(records, dtype=object), {
-            name: np.zeros((0, *shape), dtype=_KIND_DTYPES[kind])
-            for name, (kind, shape) in self.layout.items()
-        }
+        return np.array(records, dtype=object), _value_arrays(self.layout, 0, np.zeros)
 
 
 def _layout_holds(
@@ -474,29 +474,30 @@ def _layout_holds(
     varints vary in length, 200k numeric rows) about 8% slower.
     """
     try:
-        with _open_raw(loc, path, compression) as raw:
-            stream = open_compressed(raw, compression)
-            try:
-                runs = iter_record_spans(stream, name=loc.display(path), batch_records=_PROBE_RECORDS)
-                first = next(runs, None)
-            finally:
-                if stream is not raw:
-                    stream.close()
+        records = _framed(loc, path, _open_raw(loc, path, compression), compression,
+                          _PROBE_RECORDS, spans=True)
+        with contextlib.closing(records):
+            first = next(records, None)
     except (RecordError, StorageError, OSError):
         return True
     if first is None:
         return True
-    out = {
-        name: np.empty((len(first), *shape), dtype=_KIND_DTYPES[kind])
-        for name, (kind, shape) in layout.items()
-    }
+    out = _value_arrays(layout, len(first), np.empty)
     return LayoutDecoder(layout).decode(first.buf, first.begins, first.lengths, out, 0)
+
+
+def _value_arrays(
+    layout: Mapping[str, tuple[str, tuple[int, ...]]], rows: int, alloc: Any
+) -> dict[str, np.ndarray]:
+    """One array of ``rows`` per column for decoded values, from ``alloc(shape, dtype)``."""
+    return {
+        name: alloc((rows, *shape), VALUE_DTYPES[kind]) for name, (kind, shape) in layout.items()
+    }
 
 
 _PROBE_RECORDS = 256
 # Files read without layout decoding after a chunk failed it, before trying again.
 _RETRY_LAYOUT_FILES = 16
-_KIND_DTYPES = {"float": np.float32, "int64": np.int64}
 _NO_RECORDS = np.zeros(0, dtype=object)
 
 
@@ -574,7 +575,7 @@ def tfrecord_dataset(
         ds = chunks.map(parse, num_parallel_calls=_parse_calls())
     else:
         decoded = {
-            name: tf.TensorSpec((None, *shape), tf.float32 if kind == "float" else tf.int64)
+            name: tf.TensorSpec((None, *shape), tf.as_dtype(VALUE_DTYPES[kind]))
             for name, (kind, shape) in layout.items()
         }
         chunks = generator_dataset(stream, (tf.TensorSpec((None,), tf.string), decoded))

@@ -35,9 +35,11 @@ from formats.features import feature_kind
 from formats.schema import ColumnSpec
 from formats.wire import read_varint
 
-__all__ = ["ExampleLayout", "LayoutDecoder", "layout_of", "layout_columns"]
+__all__ = ["ExampleLayout", "LayoutDecoder", "VALUE_DTYPES", "layout_of", "layout_columns"]
 
 _LIST_TAGS = {"float": 0x12, "int64": 0x1A}  # Feature.float_list / Feature.int64_list
+# What each kind's values decode to (then cast to the column's own dtype, as parse_example's are).
+VALUE_DTYPES = {"float": np.dtype("<f4"), "int64": np.dtype("<i8")}
 _MAX_VARINT = 10
 
 
