@@ -27,10 +27,12 @@ How it reads:
 from __future__ import annotations
 
 import logging
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
@@ -45,6 +47,8 @@ from feeders.elements import (
 from feeders.fs import Location, list_files, resolve, storage_error
 from feeders.generator import generator_dataset
 from feeders.shard import normalize_shard, take_shard
+from formats.parquet_pages import PagesRefused, chunk_layout, iter_page_values
+from formats.pool import BufferPool
 from formats.schema import ColumnSpec, column_specs, to_numpy
 
 __all__ = ["parquet_dataset", "ParquetPlan", "plan_parquet"]
@@ -244,6 +248,8 @@ class _ChunkStream:
         self.names = [s.name for s in specs]
         self.schema = schema
         self.chunk_rows = chunk_rows
+        self.paged = _paged_columns(specs, schema) if self.dense else set()
+        self.pool = BufferPool()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The shard's record batches of (up to) ``chunk_rows`` rows, in unit order.
@@ -323,14 +329,88 @@ class _ChunkStream:
         if have:
             yield pa.Table.from_batches(pending)
 
-    def __call__(self) -> Iterator[Any]:
+    def _arrays(self) -> Iterator[dict[str, Any]]:
+        """The shard's rows as dicts of numpy arrays (chunks, or exact batches when ragged)."""
+        if self.paged:
+            yield from self._paged()
+            return
         # Dense: chunks of several batches, re-cut by Dataset.rebatch (cheap in C++).
         # Ragged: rebatch is slow for ragged tensors, so cut exact batches here instead.
         for batch in self.batches() if self.dense else self.exact():
+            yield self._convert(batch)
+
+    def _convert(self, batch: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec] | None = None) -> dict[str, Any]:
+        try:
+            return to_numpy(batch, self.specs if specs is None else specs)
+        except SchemaError as exc:
+            raise SchemaError(f"reading {self.loc.url}: {exc}") from exc
+
+    def _paged(self) -> Iterator[dict[str, Any]]:
+        """Dense chunks with the :attr:`paged` columns decoded by :mod:`formats.parquet_pages`.
+
+        The other columns of a row group are read with pyarrow. A row group whose pages that
+        module refuses (nulls, rows of other lengths, an encoding it does not know) is read
+        with pyarrow from the first row not yet handed out, so such data gets the usual
+        errors and values.
+        """
+        import pyarrow.parquet as pq
+
+        for path, groups in self.units:
+            where = self.loc.display(path)
             try:
-                arrays = to_numpy(batch, self.specs)
-            except SchemaError as exc:
-                raise SchemaError(f"reading {self.loc.url}: {exc}") from exc
+                f = self.loc.filesystem.open_input_file(path)
+            except OSError as exc:
+                raise storage_error(exc, "open", where) from exc
+            try:
+                with f:
+                    pf = pq.ParquetFile(f)
+                    self._check_file(path, pf.schema_arrow)
+                    meta = pf.metadata
+                    for g in range(meta.num_row_groups) if groups is None else groups:
+                        yield from self._paged_group(pf, f, g, where)
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise storage_error(exc, "read the Parquet data of", where) from exc
+
+    def _paged_group(self, pf: Any, f: Any, g: int, where: str) -> Iterator[dict[str, Any]]:
+        meta = pf.metadata
+        rows = meta.row_group(g).num_rows
+        done = 0
+        try:
+            layouts = {s.name: chunk_layout(meta, g, s.name, s.dtype) for s in self.specs if s.name in self.paged}
+            others = [s for s in self.specs if s.name not in self.paged]
+            rest = self._convert(pf.read_row_group(g, columns=[s.name for s in others]), others) if others else {}
+
+            def read(offset: int, nbytes: int) -> np.ndarray:
+                buf = self.pool.take(nbytes)
+                f.seek(offset)
+                return buf[: f.readinto(buf)]
+
+            feeds = {
+                s.name: _PageFeed(iter_page_values(read, layouts[s.name], math.prod(s.shape)))
+                for s in self.specs
+                if s.name in self.paged
+            }
+            while done < rows:
+                n = min(self.chunk_rows, rows - done)
+                out: dict[str, Any] = {}
+                for s in self.specs:
+                    feed = feeds.get(s.name)
+                    if feed is None:
+                        out[s.name] = rest[s.name][done : done + n]
+                    else:
+                        arr = self.pool.take_array((n, *s.shape), s.dtype)
+                        feed.fill(arr.reshape(-1), last=done + n == rows)
+                        out[s.name] = arr
+                yield out
+                done += n
+        except PagesRefused as exc:
+            logger.debug("%s row group %d: read with pyarrow from row %d (%s)", where, g, done, exc)
+            table = pf.read_row_group(g, columns=self.names).slice(done)
+            for start in range(0, table.num_rows, self.chunk_rows):
+                yield self._convert(table.slice(start, self.chunk_rows))
+
+    def __call__(self) -> Iterator[Any]:
+        for arrays in self._arrays():
             if not self.dense:
                 yield flatten(arrays, self.specs)
             elif self.label is None:
@@ -338,6 +418,59 @@ class _ChunkStream:
             else:
                 y = arrays.pop(self.label)
                 yield arrays, y
+
+
+class _PageFeed:
+    """Flat values of one column chunk, page by page, cut to fill the chunks' arrays.
+
+    A chunk is handed out only after the page past its last value was checked (or the column
+    chunk's end was), so a row that runs on is refused before any of it is used.
+    """
+
+    def __init__(self, pages: Iterator[np.ndarray]) -> None:
+        self._pages = pages
+        self._left: np.ndarray = np.empty(0)
+
+    def _next(self) -> np.ndarray | None:
+        return next(self._pages, None)
+
+    def fill(self, dest: np.ndarray, *, last: bool) -> None:
+        at = 0
+        while at < len(dest):
+            if not len(self._left):
+                page = self._next()
+                if page is None:
+                    raise PagesRefused("fewer values than the row group's rows hold")
+                self._left = page
+            take = min(len(self._left), len(dest) - at)
+            dest[at : at + take] = self._left[:take]
+            self._left = self._left[take:]
+            at += take
+        if last:
+            if len(self._left) or self._next() is not None:
+                raise PagesRefused("more values than the row group's rows hold")
+        elif not len(self._left):
+            page = self._next()
+            if page is None:
+                raise PagesRefused("fewer values than the row group's rows hold")
+            self._left = page
+
+
+_PAGED_VALUES = {pa.float32(), pa.float64(), pa.int32(), pa.int64()}
+
+
+def _paged_columns(specs: Sequence[ColumnSpec], schema: pa.Schema) -> set[str]:
+    """Dense columns stored as one-level lists of a fixed-width number (see ``_paged``)."""
+    out = set()
+    for spec in specs:
+        if spec.is_ragged or not spec.shape:
+            continue
+        t = schema.field(spec.name).type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+            continue
+        if t.value_type in _PAGED_VALUES and np.dtype(t.value_type.to_pandas_dtype()) == np.dtype(spec.dtype):
+            out.add(spec.name)
+    return out
 
 
 def chunk_rows_for(metadata: Sequence[Any], names: Sequence[str], batch_size: int) -> int:

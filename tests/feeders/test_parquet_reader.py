@@ -3,7 +3,10 @@ after the dataset was built, prefetch/autotune options."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -51,3 +54,92 @@ def test_prefetch_is_fixed_unless_autotune_is_asked_for(tmp_path):
     tuned = feeders.parquet_dataset(tmp_path, prefetch=tf.data.AUTOTUNE)
     assert tuned.options().autotune.enabled is True
     np.testing.assert_array_equal(_ids(tuned), np.arange(100))
+
+
+# --- dense list columns decoded from their pages (formats.parquet_pages) -------------------
+
+
+def _image_table(rows: int, size: int = 12, *, seed: int = 3) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(rows * size).astype(np.float32)
+    offsets = pa.array(np.arange(0, (rows + 1) * size, size, dtype=np.int32))
+    return pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "image": pa.ListArray.from_arrays(offsets, pa.array(values)),
+            "label": rng.integers(0, 10, rows, dtype=np.int32),
+        }
+    )
+
+
+def _fallbacks(caplog) -> list[str]:  # type: ignore[no-untyped-def]
+    return [r.getMessage() for r in caplog.records if "read with pyarrow" in r.getMessage()]
+
+
+def test_dense_list_columns_are_decoded_from_pages_with_exact_values(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="feeders.parquet")
+    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 20_000)  # chunks cut row groups unevenly
+    table = _image_table(2500)
+    files = write_parquet_files(table, tmp_path, files=3, row_group_size=300)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=128, label="label", shapes={"image": (3, 4)})
+    for _ in range(2):
+        feats, labels = zip(*[(f, y) for f, y in ds])
+        image = np.concatenate([f["image"].numpy() for f in feats])
+        assert image.dtype == np.float32 and image.shape == (2500, 3, 4)
+        want = table["image"].combine_chunks().flatten().to_numpy().reshape(2500, 3, 4)
+        np.testing.assert_array_equal(image.view(np.uint32), want.view(np.uint32))
+        np.testing.assert_array_equal(np.concatenate([f["id"].numpy() for f in feats]), np.arange(2500))
+        np.testing.assert_array_equal(np.concatenate([y.numpy() for y in labels]), table["label"].to_numpy())
+        assert [len(f["id"]) for f in feats] == [128] * 19 + [68]
+    assert len(files) == 3 and _fallbacks(caplog) == []
+
+
+def test_a_refused_page_mid_row_group_continues_with_pyarrow_from_the_next_row(tmp_path, monkeypatch, caplog):
+    # A null at row 1700 (of one row group) in a column with a fill value: the pages before it
+    # are decoded in place, the rest of the row group is read by pyarrow from the first row
+    # not yet handed out. No row lost or repeated, the null filled.
+    caplog.set_level(logging.DEBUG, logger="feeders.parquet")
+    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 200 * 12 * 4)
+    rows, size = 2000, 12
+    values = np.arange(rows * size, dtype=np.float32)
+    valid = np.ones(rows * size, dtype=bool)
+    valid[1700 * size + 5] = False
+    offsets = pa.array(np.arange(0, (rows + 1) * size, size, dtype=np.int32))
+    image = pa.ListArray.from_arrays(offsets, pa.array(values, mask=~valid))
+    table = pa.table({"id": np.arange(rows, dtype=np.int64), "image": image})
+    pq.write_table(table, tmp_path / "part-0.parquet", data_page_size=4096, row_group_size=rows)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=100, shapes={"image": (size,)}, fill_values={"image": -1.0})
+    batches = list(ds)
+    got = np.concatenate([b["image"].numpy() for b in batches]).ravel()
+    want = np.where(valid, values, np.float32(-1.0))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.concatenate([b["id"].numpy() for b in batches]), np.arange(rows))
+    (message,) = _fallbacks(caplog)
+    start = int(message.split("from row ")[1].split(" ")[0])
+    assert 0 < start <= 1700 and start % 100 == 0, message  # chunks hold whole batches
+
+
+def test_a_dense_row_of_another_length_is_the_usual_schema_error(tmp_path):
+    lengths = np.full(400, 4)
+    lengths[321] = 5
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    image = pa.ListArray.from_arrays(offsets, pa.array(np.ones(int(lengths.sum()), np.float32)))
+    pq.write_table(pa.table({"image": image}), tmp_path / "part-0.parquet", data_page_size=1024)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=50, shapes={"image": (4,)})
+    with pytest.raises(Exception, match=r"column 'image' is fed as dense shape \(4,\).*row 321 .* 5 values"):
+        list(ds)
+
+
+def test_row_group_shards_of_paged_columns_partition_the_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 4096)
+    table = _image_table(1000, size=3)
+    write_parquet_files(table, tmp_path, files=1, row_group_size=90)
+    parts = []
+    for i in range(3):
+        batches = list(feeders.parquet_dataset(tmp_path, batch_size=64, shard=(i, 3), shapes={"image": (3,)}))
+        ids = np.concatenate([b["id"].numpy() for b in batches])
+        image = np.concatenate([b["image"].numpy() for b in batches])
+        want = table["image"].combine_chunks().flatten().to_numpy().reshape(-1, 3)[ids]
+        np.testing.assert_array_equal(image, want)
+        parts.append(ids)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
