@@ -26,11 +26,14 @@ How it reads:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Mapping, Sequence
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +49,7 @@ from feeders.elements import (
 )
 from feeders.fs import Location, list_files, resolve, storage_error
 from feeders.generator import generator_dataset
+from feeders.readahead import IterAhead
 from feeders.shard import normalize_shard, take_shard
 from formats.parquet_pages import PagesRefused, chunk_layout, iter_page_values
 from formats.pool import BufferPool
@@ -65,6 +69,11 @@ _DEFAULT_PREFETCH = 8
 # stays within a few row groups plus (batch read-ahead x chunk size).
 _FRAGMENT_READAHEAD = 2
 _BATCH_READAHEAD = 2
+# Paged reading: row groups prepared ahead of the decoder, and remote ranged reads.
+_GROUPS_AHEAD = 2
+_FILES_AHEAD = 3
+_FETCH_BLOCK = 1 << 20
+_FETCH_THREADS = 16
 
 
 class ParquetPlan:
@@ -348,45 +357,109 @@ class _ChunkStream:
     def _paged(self) -> Iterator[dict[str, Any]]:
         """Dense chunks with the :attr:`paged` columns decoded by :mod:`formats.parquet_pages`.
 
-        The other columns of a row group are read with pyarrow. A row group whose pages that
-        module refuses (nulls, rows of other lengths, an encoding it does not know) is read
-        with pyarrow from the first row not yet handed out, so such data gets the usual
-        errors and values.
+        Reading is prepared ahead of the decoding, in threads: files are opened and their
+        footers read :data:`_FILES_AHEAD` files ahead, and for each row group, up to
+        :data:`_GROUPS_AHEAD` ahead, the other columns are read with pyarrow and, on remote
+        storage, the ranged reads of the paged column chunks are started (in
+        :data:`_FETCH_BLOCK` blocks). So on S3 the decoder waits for neither round trips nor
+        small columns; locally it reads the pages itself, into reused buffers.
+
+        A row group whose pages are refused (nulls, rows of other lengths, an encoding the
+        module does not know) is read with pyarrow from the first row not yet handed out, so
+        such data gets the usual errors and values, and no row is lost or repeated.
         """
+        io = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="dataplane-parquet-io")
+        ahead = IterAhead(self._prepared(io), depth=_GROUPS_AHEAD, name="dataplane-parquet-ahead")
+        try:
+            for group in ahead:
+                yield from self._decoded(group)
+        finally:
+            ahead.close()
+            io.shutdown(wait=True, cancel_futures=True)
+
+    def _opened(self, path: str) -> "_OpenFile":
         import pyarrow.parquet as pq
 
-        for path, groups in self.units:
-            where = self.loc.display(path)
-            try:
-                f = self.loc.filesystem.open_input_file(path)
-            except OSError as exc:
-                raise storage_error(exc, "open", where) from exc
-            try:
-                with f:
-                    pf = pq.ParquetFile(f)
-                    self._check_file(path, pf.schema_arrow)
-                    meta = pf.metadata
-                    for g in range(meta.num_row_groups) if groups is None else groups:
-                        yield from self._paged_group(pf, f, g, where)
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise storage_error(exc, "read the Parquet data of", where) from exc
-
-    def _paged_group(self, pf: Any, f: Any, g: int, where: str) -> Iterator[dict[str, Any]]:
-        meta = pf.metadata
-        rows = meta.row_group(g).num_rows
-        done = 0
+        where = self.loc.display(path)
+        remote = self.loc.scheme != "file"
         try:
-            layouts = {s.name: chunk_layout(meta, g, s.name, s.dtype) for s in self.specs if s.name in self.paged}
-            others = [s for s in self.specs if s.name not in self.paged]
-            rest = self._convert(pf.read_row_group(g, columns=[s.name for s in others]), others) if others else {}
+            f = self.loc.filesystem.open_input_file(path)
+        except OSError as exc:
+            raise storage_error(exc, "open", where) from exc
+        try:
+            pf = pq.ParquetFile(f, pre_buffer=remote)
+            self._check_file(path, pf.schema_arrow)
+            pages = None if remote else self.loc.filesystem.open_input_file(path)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise storage_error(exc, "read the Parquet footer of", where) from exc
+        return _OpenFile(path, where, f, pf, pages, threading.Lock())
+
+    def _prepared(self, io: ThreadPoolExecutor) -> Iterator["_Group"]:
+        remote = self.loc.scheme != "file"
+        others = [s.name for s in self.specs if s.name not in self.paged]
+        pending: deque[tuple[list[int] | None, Future]] = deque()
+        units = iter(self.units)
+        for path, groups in itertools.islice(units, _FILES_AHEAD):
+            pending.append((groups, io.submit(self._opened, path)))
+        while pending:
+            groups, opening = pending.popleft()
+            for path, more in itertools.islice(units, 1):
+                pending.append((more, io.submit(self._opened, path)))
+            of = opening.result()
+            meta = of.pf.metadata
+            for g in range(meta.num_row_groups) if groups is None else groups:
+                rest = io.submit(of.read_row_group, g, others) if others else None
+                try:
+                    layouts = {s.name: chunk_layout(meta, g, s.name, s.dtype) for s in self.specs if s.name in self.paged}
+                except PagesRefused as exc:
+                    layouts, refused = {}, str(exc)
+                else:
+                    refused = None
+                blocks = {}
+                if remote:
+                    for name, layout in layouts.items():
+                        blocks[name] = [
+                            (at, io.submit(of.file.read_at, min(_FETCH_BLOCK, layout.length - at), layout.start + at))
+                            for at in range(0, layout.length, _FETCH_BLOCK)
+                        ]
+                yield _Group(of, g, meta.row_group(g).num_rows, rest, layouts, refused, blocks)
+
+    def _reader(self, group: "_Group", name: str) -> Callable[[int, int], Any]:
+        """``read(offset, nbytes)`` for one paged column chunk of ``group``."""
+        layout = group.layouts[name]
+        if group.file.pages is not None:  # local: read on demand into reused buffers
+            f = group.file.pages
 
             def read(offset: int, nbytes: int) -> np.ndarray:
                 buf = self.pool.take(nbytes)
                 f.seek(offset)
                 return buf[: f.readinto(buf)]
 
+            return read
+        data = self.pool.take(layout.length)
+        for at, block in group.blocks[name]:
+            try:
+                got = block.result()
+            except OSError as exc:
+                raise storage_error(exc, f"read bytes {layout.start + at}+ of", group.file.where) from exc
+            data[at : at + len(got)] = np.frombuffer(got, dtype=np.uint8)
+
+        def read_fetched(offset: int, nbytes: int) -> np.ndarray:
+            at = offset - layout.start
+            return data[at : at + nbytes]
+
+        return read_fetched
+
+    def _decoded(self, group: "_Group") -> Iterator[dict[str, Any]]:
+        rows = group.rows
+        done = 0
+        try:
+            if group.refused is not None:
+                raise PagesRefused(group.refused)
+            others = [s for s in self.specs if s.name not in self.paged]
+            rest = self._convert(self._waited(group, group.rest), others) if others else {}
             feeds = {
-                s.name: _PageFeed(iter_page_values(read, layouts[s.name], math.prod(s.shape)))
+                s.name: _PageFeed(iter_page_values(self._reader(group, s.name), group.layouts[s.name], math.prod(s.shape)))
                 for s in self.specs
                 if s.name in self.paged
             }
@@ -404,10 +477,26 @@ class _ChunkStream:
                 yield out
                 done += n
         except PagesRefused as exc:
-            logger.debug("%s row group %d: read with pyarrow from row %d (%s)", where, g, done, exc)
-            table = pf.read_row_group(g, columns=self.names).slice(done)
-            for start in range(0, table.num_rows, self.chunk_rows):
-                yield self._convert(table.slice(start, self.chunk_rows))
+            logger.debug("%s row group %d: read with pyarrow from row %d (%s)", group.file.where, group.g, done, exc)
+            yield from self._arrow_rows(group, done)
+
+    @staticmethod
+    def _waited(group: "_Group", future: Future) -> Any:
+        try:
+            return future.result()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise storage_error(exc, "read the Parquet data of", group.file.where) from exc
+
+    def _arrow_rows(self, group: "_Group", skip: int) -> Iterator[dict[str, Any]]:
+        """Row group ``group.g`` from row ``skip`` on, read and converted by pyarrow."""
+        import pyarrow.parquet as pq
+
+        try:
+            table = group.file.read_row_group(group.g, self.names).slice(skip)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise storage_error(exc, "read the Parquet data of", group.file.where) from exc
+        for start in range(0, table.num_rows, self.chunk_rows):
+            yield self._convert(table.slice(start, self.chunk_rows))
 
     def __call__(self) -> Iterator[Any]:
         for arrays in self._arrays():
@@ -418,6 +507,33 @@ class _ChunkStream:
             else:
                 y = arrays.pop(self.label)
                 yield arrays, y
+
+
+class _OpenFile(NamedTuple):
+    """A Parquet file opened for paged reading (see ``_ChunkStream._paged``)."""
+
+    path: str
+    where: str
+    file: Any  # what pyarrow reads the footer and other columns from; ranged reads (remote)
+    pf: Any
+    pages: Any  # local: a second handle, the decoder's alone, for reading pages
+    lock: threading.Lock  # one pyarrow read of this file at a time
+
+    def read_row_group(self, g: int, columns: list[str]) -> pa.Table:
+        with self.lock:
+            return self.pf.read_row_group(g, columns=columns)
+
+
+class _Group(NamedTuple):
+    """One row group prepared for decoding."""
+
+    file: _OpenFile
+    g: int
+    rows: int
+    rest: Future | None  # the columns not decoded from pages, read by pyarrow
+    layouts: dict[str, Any]  # paged column -> formats.parquet_pages.ChunkLayout
+    refused: str | None  # why the footer alone rules the pages out
+    blocks: dict[str, list[tuple[int, Future]]]  # remote: ranged reads of each paged chunk
 
 
 class _PageFeed:

@@ -18,18 +18,24 @@ closes the file.
 :class:`OpenAhead` does the same one level up: while a file is read, the next one is opened in
 a thread (for S3 a HEAD request, then its first two blocks), so a new file does not start
 with two round trips of idle.
+
+:class:`IterAhead` runs any iterator in a thread a bounded number of items ahead of its
+consumer (the Parquet reader prepares row groups with it: footers, small columns, the ranged
+reads of the large ones).
 """
 
 from __future__ import annotations
 
 import io
+import queue
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from dataplane.errors import StorageError
 
-__all__ = ["ReadAheadStream", "OpenAhead", "BLOCK_BYTES", "MAX_DEPTH"]
+__all__ = ["ReadAheadStream", "OpenAhead", "IterAhead", "BLOCK_BYTES", "MAX_DEPTH"]
 
 BLOCK_BYTES = 1 << 20  # one ranged read; the TFRecord framer reads this much at a time
 MAX_DEPTH = 16  # blocks in flight at most: 16 MiB, enough to fill a link with 30 ms latency
@@ -199,3 +205,71 @@ class OpenAhead:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+class IterAhead:
+    """Iterates ``items`` in a daemon thread, at most ``depth`` items ahead of the consumer.
+
+    Iterating an :class:`IterAhead` gives the items in order; an exception raised by ``items``
+    is raised to the consumer in its place, after the items before it. :meth:`close` (also on
+    leaving a ``with`` block) stops the thread at its next item, closes ``items`` there, and
+    waits for it: a consumer that stops early leaves nothing running.
+    """
+
+    _POLL = 0.05  # seconds between looks at the stop flag while the queue is full
+
+    def __init__(self, items: Iterator[Any], *, depth: int, name: str) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}.")
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(items,), name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, entry: tuple[bool, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=self._POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put((True, item)):
+                    break
+            else:
+                self._put((False, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._put((False, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            ok, value = self._queue.get()
+            if ok:
+                yield value
+            elif value is None:
+                return
+            else:
+                raise value
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=self._POLL)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+    def __enter__(self) -> "IterAhead":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

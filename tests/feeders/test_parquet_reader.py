@@ -4,6 +4,7 @@ after the dataset was built, prefetch/autotune options."""
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -143,3 +144,24 @@ def test_row_group_shards_of_paged_columns_partition_the_rows(tmp_path, monkeypa
         np.testing.assert_array_equal(image, want)
         parts.append(ids)
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+
+
+def test_an_epoch_left_early_leaves_no_reading_threads(tmp_path, monkeypatch):
+    import gc
+    import threading
+
+    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 4096)
+    write_parquet_files(_image_table(3000), tmp_path, files=6, row_group_size=100)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=32, shapes={"image": (12,)})
+    it = iter(ds)
+    assert next(it)["id"].numpy().tolist() == list(range(32))
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("dataplane-parquet")]
+        if not alive:
+            break
+        time.sleep(0.05)
+    assert alive == []
+    np.testing.assert_array_equal(_ids(ds), np.arange(3000))  # and the next epoch is whole

@@ -264,3 +264,64 @@ def test_an_abandoned_s3_pass_leaves_no_reader_threads(tmp_path, s3_env):
     full = [r for chunk in passes() for r in chunk]
     assert full == [bytes([i]) * 500 for i in range(3) for _ in range(50)]
     assert _openahead_threads() == 0 and _readahead_threads() == 0
+
+
+# --- IterAhead ---------------------------------------------------------------------------
+
+
+def test_iter_ahead_keeps_order_and_stays_within_its_depth():
+    from feeders.readahead import IterAhead
+
+    produced: list[int] = []
+
+    def items():
+        for i in range(50):
+            produced.append(i)
+            yield i
+
+    ahead = IterAhead(items(), depth=3, name="test-ahead")
+    got = []
+    for item in ahead:
+        # the thread is at most depth items ahead, plus the one it holds waiting for room
+        assert len(produced) - len(got) <= 3 + 1 + 1
+        got.append(item)
+    assert got == list(range(50))
+    ahead.close()
+
+
+def test_iter_ahead_raises_the_sources_error_after_the_items_before_it():
+    from feeders.readahead import IterAhead
+
+    def items():
+        yield 1
+        yield 2
+        raise StorageError("s3://b/k: gone")
+
+    got = []
+    with IterAhead(items(), depth=4, name="test-ahead") as ahead:
+        with pytest.raises(StorageError, match="gone"):
+            for item in ahead:
+                got.append(item)
+    assert got == [1, 2]
+
+
+def test_iter_ahead_closed_early_stops_its_thread_and_closes_the_source():
+    from feeders.readahead import IterAhead
+
+    closed = threading.Event()
+
+    def items():
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    ahead = IterAhead(items(), depth=2, name="test-ahead-early")
+    it = iter(ahead)
+    assert [next(it), next(it), next(it)] == [0, 1, 2]
+    ahead.close()
+    assert closed.is_set()
+    assert not [t for t in threading.enumerate() if t.name == "test-ahead-early"]
