@@ -234,6 +234,8 @@ def _check_def_levels(buf: Any, pos: int, end: int, width: int, count: int, want
             n = (header >> 1) * 8
             size = (header >> 1) * width
             take = min(n, count - seen)
+            if pos + size > end:
+                raise PagesRefused("definition levels run past their stream")
             values = unpack_bits(buf[pos : pos + size], width, take)
             if len(values) != take or not np.all(values == want):
                 raise PagesRefused("a null or an empty list (definition level below the maximum)")
@@ -243,6 +245,8 @@ def _check_def_levels(buf: Any, pos: int, end: int, width: int, count: int, want
             n = header >> 1
             value = int.from_bytes(buf[pos : pos + nbytes], "little")
             pos += nbytes
+            if pos > end:
+                raise PagesRefused("definition levels run past their stream")
             if value != want or n == 0:
                 raise PagesRefused("a null or an empty list (definition level below the maximum)")
             seen += min(n, count - seen)
@@ -311,6 +315,8 @@ class _RowWalk:
             if header & 1:
                 groups = header >> 1
                 take = min(groups * 8, count - seen)
+                if pos + groups > end:
+                    raise PagesRefused("repetition levels run past their stream")
                 bits = np.unpackbits(np.frombuffer(view[pos : pos + groups], np.uint8), count=take, bitorder="little")
                 if len(bits) != take:
                     raise PagesRefused("repetition levels end early")
@@ -388,6 +394,8 @@ def _dictionary_values(buf: Any, count: int, dictionary: np.ndarray | None) -> n
                 repeats.append((seen, n, int.from_bytes(buf[pos : pos + nbytes], "little")))
                 pos += nbytes
                 seen += n
+                if pos > len(buf):
+                    raise PagesRefused("dictionary indices run past their page")
         if packed:
             unpacked = unpack_bits(b"".join(packed), width, unpacked_at)
             if not repeats and all(at == source for at, _, source in placed):

@@ -165,3 +165,15 @@ def test_an_epoch_left_early_leaves_no_reading_threads(tmp_path, monkeypatch):
         time.sleep(0.05)
     assert alive == []
     np.testing.assert_array_equal(_ids(ds), np.arange(3000))  # and the next epoch is whole
+
+
+def test_a_paged_file_rewritten_or_removed_after_planning_is_named(tmp_path):
+    files = write_parquet_files(_image_table(400, size=4), tmp_path, files=2)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=100, shapes={"image": (4,)})
+    pq.write_table(_image_table(200, size=4).drop_columns(["image"]), files[1])
+    with pytest.raises(Exception, match=r"part-00001\.parquet: column 'image' is no such column.*changed after"):
+        list(ds)
+    files[1].unlink()
+    # (errors raised inside the tf.data source reach the caller wrapped by TensorFlow)
+    with pytest.raises(Exception, match=r"StorageError: cannot open .*part-00001\.parquet.*No such file"):
+        list(ds)
