@@ -11,6 +11,14 @@ How it reads:
   projected columns are decoded, by Arrow's threads, two files ahead of the consumer) and
   converts with :func:`formats.schema.to_numpy` (zero-copy for fixed-width columns; no per-row
   Python for numeric and list columns).
+* Dense list columns of fixed-width numbers (an MNIST image declared ``shapes={"image":
+  (784,)}``, a ``fixed_size_list``) are instead read page by page with
+  :mod:`formats.parquet_pages`, which proves from the repetition/definition levels that every
+  row holds the declared number of values rather than decoding them, and copies the values
+  straight into the chunk arrays (about 3x faster than Arrow's list decoding for MNIST). The
+  other columns come from pyarrow; files, footers, those columns and (on S3) the ranged reads
+  are prepared ahead in threads. Pages it refuses (nulls, rows of other lengths, other
+  encodings) are read by pyarrow from the first row not yet handed out.
 * Without ragged columns the generator hands ``tf.data`` chunks of about 8 MB and
   ``Dataset.rebatch`` cuts them into exactly ``batch_size`` rows in C++ (across file
   boundaries; only the last batch may be short): one Python call per chunk instead of per
@@ -71,6 +79,7 @@ _FRAGMENT_READAHEAD = 2
 _BATCH_READAHEAD = 2
 # Paged reading: row groups prepared ahead of the decoder, and remote ranged reads.
 _GROUPS_AHEAD = 2
+_CHUNKS_AHEAD = 2  # decoded chunks waiting for tf.data (decoding runs in its own thread)
 _FILES_AHEAD = 3
 _FETCH_BLOCK = 1 << 20
 _FETCH_THREADS = 16
@@ -369,12 +378,20 @@ class _ChunkStream:
         such data gets the usual errors and values, and no row is lost or repeated.
         """
         io = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="dataplane-parquet-io")
-        ahead = IterAhead(self._prepared(io), depth=_GROUPS_AHEAD, name="dataplane-parquet-ahead")
+
+        def decoded() -> Iterator[dict[str, Any]]:
+            groups = IterAhead(self._prepared(io), depth=_GROUPS_AHEAD, name="dataplane-parquet-ahead")
+            try:
+                for group in groups:
+                    yield from self._decoded(group)
+            finally:
+                groups.close()
+
+        chunks = IterAhead(decoded(), depth=_CHUNKS_AHEAD, name="dataplane-parquet-decode")
         try:
-            for group in ahead:
-                yield from self._decoded(group)
+            yield from chunks
         finally:
-            ahead.close()
+            chunks.close()
             io.shutdown(wait=True, cancel_futures=True)
 
     def _opened(self, path: str) -> "_OpenFile":

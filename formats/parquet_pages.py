@@ -204,22 +204,29 @@ def unpack_bits(data: Any, width: int, count: int) -> np.ndarray:
         return raw[: 4 * count].view("<u4").astype(np.uint32)
     if width == 1:
         return np.unpackbits(raw, count=count, bitorder="little").astype(np.uint32)
-    # Eight values take exactly ``width`` bytes, so value j of every group starts at the same
-    # byte and bit: unpack column by column over the (groups, width) byte matrix.
     groups = -(-count // 8)
     if len(raw) < groups * width:
         raise PagesRefused("bit-packed values end early")
-    matrix = raw[: groups * width].reshape(groups, width)
+    return _unpack_groups(raw[: groups * width].reshape(groups, width)).reshape(-1)[:count]
+
+
+def _unpack_groups(matrix: np.ndarray) -> np.ndarray:
+    """Bit-packed groups of 8 values, one group per last-axis row of ``width`` bytes (any view).
+
+    Eight values take exactly ``width`` bytes, so value j of every group starts at the same byte
+    and bit: the values are unpacked column by column. Returns shape ``(*leading, 8)``.
+    """
+    width = matrix.shape[-1]
     wide = np.uint64 if width > 25 else np.uint32
-    out = np.empty((groups, 8), dtype=np.uint32)
+    out = np.empty((*matrix.shape[:-1], 8), dtype=np.uint32)
     mask = wide((1 << width) - 1)
     for j in range(8):
         first, shift = divmod(j * width, 8)
-        word = matrix[:, first].astype(wide)
+        word = matrix[..., first].astype(wide)
         for k in range(1, (shift + width + 7) // 8):
-            word |= matrix[:, first + k].astype(wide) << wide(8 * k)
-        out[:, j] = (word >> wide(shift)) & mask
-    return out.reshape(-1)[:count]
+            word |= matrix[..., first + k].astype(wide) << wide(8 * k)
+        out[..., j] = (word >> wide(shift)) & mask
+    return out
 
 
 def _check_def_levels(buf: Any, pos: int, end: int, width: int, count: int, want: int) -> None:
@@ -364,14 +371,30 @@ def _dictionary_values(buf: Any, count: int, dictionary: np.ndarray | None) -> n
     pos = 1
     if width > 32:
         raise PagesRefused(f"dictionary index width {width}")
-    indices = np.zeros(count, dtype=np.uint32)
-    if width:
-        # Bit-packed runs hold whole groups of 8 values (``width`` bytes each), so joined they
-        # are one bit-packed stream, unpacked at once; RLE runs are filled in afterwards.
+    if width == 0:
+        indices = np.zeros(count, dtype=np.uint32)
+    else:
+        indices = np.empty(count, dtype=np.uint32)
+        seen = 0
+        # Writers cut long bit-packed stretches into runs of 63 groups (header 0x7F, Arrow's
+        # longest): the leading ones are unpacked at once, in place, instead of run by run.
+        stride = 1 + 63 * width
+        full = min((len(buf) - pos) // stride, count // 504)
+        if full:
+            frame = np.frombuffer(buf, np.uint8, count=full * stride, offset=pos).reshape(full, stride)
+            marked = frame[:, 0] == 0x7F
+            full = full if marked.all() else int(np.argmin(marked))
+            if full:
+                runs = frame[:full, 1:].reshape(full, 63, width)
+                indices[: full * 504] = _unpack_groups(runs).reshape(-1)
+                seen = full * 504
+                pos += full * stride
+        # The rest run by run. Bit-packed runs hold whole groups of 8 values (``width`` bytes
+        # each), so joined they are one bit-packed stream, unpacked at once.
         packed: list[Any] = []  # byte slices of the bit-packed runs
-        placed: list[tuple[int, int, int]] = []  # (output position, values, source or -1)
+        placed: list[tuple[int, int, int]] = []  # (output position, values, position unpacked)
         repeats: list[tuple[int, int, int]] = []  # (output position, values, index)
-        seen = unpacked_at = 0
+        unpacked_at = 0
         nbytes = (width + 7) // 8
         while seen < count:
             if pos >= len(buf):
@@ -398,11 +421,8 @@ def _dictionary_values(buf: Any, count: int, dictionary: np.ndarray | None) -> n
                     raise PagesRefused("dictionary indices run past their page")
         if packed:
             unpacked = unpack_bits(b"".join(packed), width, unpacked_at)
-            if not repeats and all(at == source for at, _, source in placed):
-                indices = unpacked[:count]
-            else:
-                for at, n, source in placed:
-                    indices[at : at + n] = unpacked[source : source + n]
+            for at, n, source in placed:
+                indices[at : at + n] = unpacked[source : source + n]
         for at, n, value in repeats:
             indices[at : at + n] = value
     if count and int(indices.max()) >= len(dictionary):

@@ -231,3 +231,19 @@ def test_the_repeat_shortcut_compares_bytes_and_does_not_trust_the_value_count()
     walk = _RowWalk(16)
     walk.walk(good * 1000, 0, 4000, 16000)
     walk.finish()
+
+
+def test_dictionary_indices_mixing_long_bit_packed_and_repeated_runs(tmp_path):
+    # Stretches of distinct values (long bit-packed runs, the unpacked-at-once path) broken by
+    # stretches of one value (RLE runs), in one large page.
+    rng = np.random.default_rng(5)
+    parts = []
+    for i in range(12):
+        parts.append(rng.integers(0, 3000, 700 + 37 * i).astype(np.float32))
+        parts.append(np.full(50 + 11 * i, float(i), np.float32))
+    values = np.concatenate(parts)
+    values = values[: len(values) // 8 * 8]
+    path = tmp_path / "t.parquet"
+    meta = _write(path, pa.table({"x": _lists(values, 8)}), data_page_size=1 << 20)
+    assert "RLE_DICTIONARY" in meta.row_group(0).column(0).encodings
+    np.testing.assert_array_equal(_decode(path, "x", 8, np.float32), values)
