@@ -83,6 +83,7 @@ _CHUNKS_AHEAD = 2  # decoded chunks waiting for tf.data (decoding runs in its ow
 _FILES_AHEAD = 3
 _FETCH_BLOCK = 1 << 20
 _FETCH_THREADS = 16
+_POOL_UNIT = 1 << 20
 
 
 class ParquetPlan:
@@ -448,12 +449,14 @@ class _ChunkStream:
             f = group.file.pages
 
             def read(offset: int, nbytes: int) -> np.ndarray:
-                buf = self.pool.take(nbytes)
+                # whole MiBs, so the pool keeps a few sizes of buffer, not one per read
+                buf = self.pool.take(-(-nbytes // _POOL_UNIT) * _POOL_UNIT)[:nbytes]
                 f.seek(offset)
                 return buf[: f.readinto(buf)]
 
             return read
-        data = self.pool.take(layout.length)
+        # Not pooled: column chunks come in any size, and a pool keeps one buffer per size.
+        data = np.empty(layout.length, dtype=np.uint8)
         for at, block in group.blocks[name]:
             try:
                 got = block.result()
@@ -488,7 +491,8 @@ class _ChunkStream:
                     if feed is None:
                         out[s.name] = rest[s.name][done : done + n]
                     else:
-                        arr = self.pool.take_array((n, *s.shape), s.dtype)
+                        # a full chunk's buffer even for a short chunk: one size per column
+                        arr = self.pool.take_array((self.chunk_rows, *s.shape), s.dtype)[:n]
                         feed.fill(arr.reshape(-1), last=done + n == rows)
                         out[s.name] = arr
                 yield out
