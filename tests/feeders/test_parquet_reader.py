@@ -177,3 +177,36 @@ def test_a_paged_file_rewritten_or_removed_after_planning_is_named(tmp_path):
     # (errors raised inside the tf.data source reach the caller wrapped by TensorFlow)
     with pytest.raises(Exception, match=r"StorageError: cannot open .*part-00001\.parquet.*No such file"):
         list(ds)
+
+
+def test_spark_written_array_columns_take_the_page_reader_with_exact_values(spark, tmp_path, caplog, monkeypatch):
+    # parquet-mr (Spark's writer) encodes levels, dictionaries and pages its own way; with
+    # small pages the rows run across page boundaries.
+    caplog.set_level(logging.DEBUG, logger="feeders.parquet")
+    paged: list[int] = []
+    real = parquet_mod.iter_page_values
+
+    def counted(read, layout, size):  # type: ignore[no-untyped-def]
+        paged.append(size)
+        return real(read, layout, size)
+
+    monkeypatch.setattr(parquet_mod, "iter_page_values", counted)
+    rng = np.random.default_rng(11)
+    rows, size = 1500, 20
+    image = (rng.integers(0, 300, (rows, size)) / 8).astype(np.float32)  # dictionary-friendly
+    dense = rng.standard_normal((rows, size)).astype(np.float32)  # plain after the dictionary
+    pdf = {"id": list(range(rows)), "image": image.tolist(), "dense": dense.tolist()}
+    df = spark.createDataFrame(
+        list(zip(pdf["id"], pdf["image"], pdf["dense"])), "id LONG, image ARRAY<FLOAT>, dense ARRAY<FLOAT>"
+    )
+    out = str(tmp_path / "spark")
+    df.coalesce(2).write.option("parquet.page.size", 4096).option("parquet.dictionary.page.size", 2048).parquet(out)
+    ds = feeders.parquet_dataset(out, batch_size=128, shapes={"image": (size,), "dense": (size,)})
+    batches = list(ds)
+    ids = np.concatenate([b["id"].numpy() for b in batches])
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(ids[order], np.arange(rows))
+    for name, want in (("image", image), ("dense", dense)):
+        got = np.concatenate([b[name].numpy() for b in batches])[order]
+        np.testing.assert_array_equal(got, want)
+    assert _fallbacks(caplog) == [] and len(paged) >= 4  # two columns of at least two files
