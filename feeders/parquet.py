@@ -404,12 +404,16 @@ class _ChunkStream:
             f = self.loc.filesystem.open_input_file(path)
         except OSError as exc:
             raise storage_error(exc, "open", where) from exc
+        pages = None
         try:
             pf = pq.ParquetFile(f, pre_buffer=remote)
             self._check_file(path, pf.schema_arrow)
             pages = None if remote else self.loc.filesystem.open_input_file(path)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise storage_error(exc, "read the Parquet footer of", where) from exc
+        except BaseException as exc:
+            f.close()
+            if isinstance(exc, (OSError, pa.ArrowInvalid)):
+                raise storage_error(exc, "read the Parquet footer of", where) from exc
+            raise
         return _OpenFile(path, where, f, pf, pages, threading.Lock())
 
     def _prepared(self, io: ThreadPoolExecutor) -> Iterator["_Group"]:
@@ -419,28 +423,44 @@ class _ChunkStream:
         units = iter(self.units)
         for path, groups in itertools.islice(units, _FILES_AHEAD):
             pending.append((groups, io.submit(self._opened, path)))
-        while pending:
-            groups, opening = pending.popleft()
-            for path, more in itertools.islice(units, 1):
-                pending.append((more, io.submit(self._opened, path)))
-            of = opening.result()
-            meta = of.pf.metadata
-            for g in range(meta.num_row_groups) if groups is None else groups:
-                rest = io.submit(of.read_row_group, g, others) if others else None
-                try:
-                    layouts = {s.name: chunk_layout(meta, g, s.name, s.dtype) for s in self.specs if s.name in self.paged}
-                except PagesRefused as exc:
-                    layouts, refused = {}, str(exc)
-                else:
-                    refused = None
-                blocks = {}
-                if remote:
-                    for name, layout in layouts.items():
-                        blocks[name] = [
-                            (at, io.submit(of.file.read_at, min(_FETCH_BLOCK, layout.length - at), layout.start + at))
-                            for at in range(0, layout.length, _FETCH_BLOCK)
-                        ]
-                yield _Group(of, g, meta.row_group(g).num_rows, rest, layouts, refused, blocks)
+        try:
+            while pending:
+                groups, opening = pending.popleft()
+                for path, more in itertools.islice(units, 1):
+                    pending.append((more, io.submit(self._opened, path)))
+                yield from self._file_groups(opening.result(), groups, others, remote, io)
+        finally:  # a pass left early: close the files opened ahead
+            for _, opening in pending:
+                if not opening.cancel():
+                    try:
+                        opening.result().close()
+                    except Exception:  # noqa: BLE001 - nobody will read that file now
+                        pass
+
+    def _file_groups(
+        self, of: "_OpenFile", groups: list[int] | None, others: list[str], remote: bool, io: ThreadPoolExecutor
+    ) -> Iterator["_Group"]:
+        meta = of.pf.metadata
+        todo = list(range(meta.num_row_groups)) if groups is None else list(groups)
+        if not todo:
+            of.close()
+        for i, g in enumerate(todo):
+            rest = io.submit(of.read_row_group, g, others) if others else None
+            try:
+                layouts = {s.name: chunk_layout(meta, g, s.name, s.dtype) for s in self.specs if s.name in self.paged}
+            except PagesRefused as exc:
+                layouts, refused = {}, str(exc)
+            else:
+                refused = None
+            blocks = {}
+            if remote:
+                for name, layout in layouts.items():
+                    blocks[name] = [
+                        (at, io.submit(of.file.read_at, min(_FETCH_BLOCK, layout.length - at), layout.start + at))
+                        for at in range(0, layout.length, _FETCH_BLOCK)
+                    ]
+            last = i == len(todo) - 1  # its decoder closes the file
+            yield _Group(of, g, meta.row_group(g).num_rows, rest, layouts, refused, blocks, last)
 
     def _reader(self, group: "_Group", name: str) -> Callable[[int, int], Any]:
         """``read(offset, nbytes)`` for one paged column chunk of ``group``."""
@@ -462,7 +482,10 @@ class _ChunkStream:
                 got = block.result()
             except OSError as exc:
                 raise storage_error(exc, f"read bytes {layout.start + at}+ of", group.file.where) from exc
-            data[at : at + len(got)] = np.frombuffer(got, dtype=np.uint8)
+            want = min(_FETCH_BLOCK, layout.length - at)
+            if len(got) != want:
+                raise PagesRefused(f"the file is shorter than its footer says (bytes {layout.start + at}+)")
+            data[at : at + want] = np.frombuffer(got, dtype=np.uint8)
 
         def read_fetched(offset: int, nbytes: int) -> np.ndarray:
             at = offset - layout.start
@@ -471,6 +494,13 @@ class _ChunkStream:
         return read_fetched
 
     def _decoded(self, group: "_Group") -> Iterator[dict[str, Any]]:
+        try:
+            yield from self._decoded_rows(group)
+        finally:
+            if group.last:
+                group.file.close()
+
+    def _decoded_rows(self, group: "_Group") -> Iterator[dict[str, Any]]:
         rows = group.rows
         done = 0
         try:
@@ -479,7 +509,9 @@ class _ChunkStream:
             others = [s for s in self.specs if s.name not in self.paged]
             rest = self._convert(self._waited(group, group.rest), others) if others else {}
             feeds = {
-                s.name: _PageFeed(iter_page_values(self._reader(group, s.name), group.layouts[s.name], math.prod(s.shape)))
+                s.name: _PageFeed(
+                    s.name, iter_page_values(self._reader(group, s.name), group.layouts[s.name], math.prod(s.shape))
+                )
                 for s in self.specs
                 if s.name in self.paged
             }
@@ -544,6 +576,12 @@ class _OpenFile(NamedTuple):
         with self.lock:
             return self.pf.read_row_group(g, columns=columns)
 
+    def close(self) -> None:
+        with self.lock:
+            self.file.close()
+            if self.pages is not None:
+                self.pages.close()
+
 
 class _Group(NamedTuple):
     """One row group prepared for decoding."""
@@ -555,6 +593,7 @@ class _Group(NamedTuple):
     layouts: dict[str, Any]  # paged column -> formats.parquet_pages.ChunkLayout
     refused: str | None  # why the footer alone rules the pages out
     blocks: dict[str, list[tuple[int, Future]]]  # remote: ranged reads of each paged chunk
+    last: bool  # the last of its file's row groups in this pass
 
 
 class _PageFeed:
@@ -564,12 +603,16 @@ class _PageFeed:
     chunk's end was), so a row that runs on is refused before any of it is used.
     """
 
-    def __init__(self, pages: Iterator[np.ndarray]) -> None:
+    def __init__(self, name: str, pages: Iterator[np.ndarray]) -> None:
+        self._name = name
         self._pages = pages
         self._left: np.ndarray = np.empty(0)
 
     def _next(self) -> np.ndarray | None:
-        return next(self._pages, None)
+        try:
+            return next(self._pages, None)
+        except PagesRefused as exc:
+            raise PagesRefused(f"column {self._name!r}: {exc}") from None
 
     def fill(self, dest: np.ndarray, *, last: bool) -> None:
         at = 0

@@ -41,7 +41,12 @@ _PLAIN, _PLAIN_DICTIONARY, _RLE, _RLE_DICTIONARY = 0, 2, 3, 8
 _PHYSICAL = {"FLOAT": np.dtype("<f4"), "DOUBLE": np.dtype("<f8"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8")}
 _WINDOW = 4 << 20  # bytes of a column chunk read at a time
 _BLOCK = 65536  # dictionary-encoded values decoded at a time (256 KB of float32)
-_CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
+# Codecs whose output length can be proven: pyarrow's ``decompress`` returns a buffer of the
+# size asked for even when the data decompress to fewer bytes (the rest uninitialised), except
+# for zstd, which fails. Snappy streams start with their length and a gzip member ends with it,
+# and both decoders fail unless they produce exactly that. Brotli and LZ4_RAW say nothing, so
+# pages compressed with them are left to Arrow.
+_CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd"}
 
 
 class PagesRefused(Exception):
@@ -143,8 +148,8 @@ def _skip(buf: Any, pos: int, ftype: int) -> int:
             kv = buf[pos]
             pos += 1
             for _ in range(size):
-                pos = _skip(buf, pos, kv >> 4)
-                pos = _skip(buf, pos, kv & 0x0F)
+                for etype in (kv >> 4, kv & 0x0F):
+                    pos = pos + 1 if etype in (1, 2) else _skip(buf, pos, etype)
         return pos
     if ftype == 12:
         return _struct(buf, pos, None)[1]
@@ -474,6 +479,21 @@ class _ChunkBytes:
 def iter_page_values(
     read: Callable[[int, int], Any], layout: ChunkLayout, list_size: int
 ) -> Iterator[np.ndarray]:
+    """The values of one column chunk as flat arrays, page by page (see :func:`_page_values`).
+
+    Raises:
+        PagesRefused: anything this module does not decode, including data too damaged to
+            parse (a varint or header running off its page, nesting past Python's limit).
+    """
+    try:
+        yield from _page_values(read, layout, list_size)
+    except (IndexError, ValueError, struct.error, RecursionError) as exc:
+        raise PagesRefused(f"unreadable page data ({type(exc).__name__}: {exc})") from None
+
+
+def _page_values(
+    read: Callable[[int, int], Any], layout: ChunkLayout, list_size: int
+) -> Iterator[np.ndarray]:
     """The values of one column chunk as flat arrays, page by page, checked as described above.
 
     Args:
@@ -569,7 +589,19 @@ def iter_page_values(
 
 def _decompress(codec: Any, body: memoryview, raw_size: int) -> memoryview:
     if codec is None:
+        if len(body) != raw_size:
+            raise PagesRefused("an uncompressed page whose sizes differ")
         return body
+    name = codec.name
+    if name == "snappy":
+        stated = read_varint(body, 0)[0]
+    elif name == "gzip":
+        stated = int.from_bytes(body[-4:], "little") if len(body) >= 18 else -1
+        raw_size &= 0xFFFFFFFF
+    else:
+        stated = raw_size  # zstd checks the size itself
+    if stated != raw_size:
+        raise PagesRefused(f"a {name} page that decompresses to {stated} bytes, not {raw_size}")
     try:
         out = codec.decompress(body, decompressed_size=raw_size)
     except Exception as exc:  # pyarrow raises OSError/ArrowInvalid for corrupt input

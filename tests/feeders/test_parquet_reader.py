@@ -210,3 +210,25 @@ def test_spark_written_array_columns_take_the_page_reader_with_exact_values(spar
         got = np.concatenate([b[name].numpy() for b in batches])[order]
         np.testing.assert_array_equal(got, want)
     assert _fallbacks(caplog) == [] and len(paged) >= 4  # two columns of at least two files
+
+
+def test_a_short_remote_block_is_refused_not_left_uninitialised(tmp_path):
+    # A ranged read that returns fewer bytes than asked (the object shrank after its footer was
+    # read): the chunk is refused, so pyarrow reads the row group and reports what it finds.
+    import threading
+    from concurrent.futures import Future
+
+    from formats.parquet_pages import PagesRefused, chunk_layout
+
+    write_parquet_files(_image_table(100, size=4), tmp_path)
+    ds_stream = parquet_mod._ChunkStream(
+        parquet_mod.resolve(str(tmp_path)), [], [], pa.schema([]), 64
+    )
+    meta = pq.ParquetFile(tmp_path / "part-00000.parquet").metadata
+    layout = chunk_layout(meta, 0, "image", np.float32)
+    short: Future = Future()
+    short.set_result(b"\x00" * (layout.length - 16))
+    of = parquet_mod._OpenFile("p", "s3://b/p", None, None, None, threading.Lock())
+    group = parquet_mod._Group(of, 0, 100, None, {"image": layout}, None, {"image": [(0, short)]}, True)
+    with pytest.raises(PagesRefused, match=r"shorter than its footer says \(bytes \d+\+\)"):
+        ds_stream._reader(group, "image")

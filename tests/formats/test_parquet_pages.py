@@ -247,3 +247,50 @@ def test_dictionary_indices_mixing_long_bit_packed_and_repeated_runs(tmp_path):
     meta = _write(path, pa.table({"x": _lists(values, 8)}), data_page_size=1 << 20)
     assert "RLE_DICTIONARY" in meta.row_group(0).column(0).encodings
     np.testing.assert_array_equal(_decode(path, "x", 8, np.float32), values)
+
+
+@pytest.mark.parametrize("codec", ["snappy", "gzip"])
+def test_a_page_that_decompresses_short_is_refused(codec):
+    # pyarrow hands back a buffer of the size asked for even when the data are shorter (its
+    # tail uninitialised); the stated length is checked first.
+    from formats.parquet_pages import _decompress
+
+    body = pa.Codec(codec).compress(bytes(range(100)) * 3, asbytes=True)
+    page = _decompress(pa.Codec(codec), memoryview(body), 300)
+    assert bytes(page) == bytes(range(100)) * 3
+    with pytest.raises(PagesRefused, match=f"a {codec} page that decompresses to 300 bytes, not 320"):
+        _decompress(pa.Codec(codec), memoryview(body), 320)
+
+
+def test_codecs_that_do_not_state_their_length_are_left_to_arrow(tmp_path):
+    path = tmp_path / "t.parquet"
+    meta = _write(path, pa.table({"x": _lists(np.arange(40, dtype=np.float32), 4)}), compression="brotli")
+    with pytest.raises(PagesRefused, match="compressed with BROTLI"):
+        chunk_layout(meta, 0, "x", np.float32)
+
+
+@pytest.mark.parametrize("fill", [b"\xff", b"\x7f", b"\x01"])
+def test_garbage_in_an_uncompressed_page_is_refused_not_an_index_error(tmp_path, fill):
+    path = tmp_path / "t.parquet"
+    values = np.arange(3000, dtype=np.float32)
+    meta = _write(path, pa.table({"x": _lists(values, 3)}), compression="none", use_dictionary=False)
+    layout = chunk_layout(meta, 0, "x", np.float32)
+    data = bytearray(path.read_bytes())
+    for at in range(layout.start + 20, layout.start + 2000, 97):  # headers, levels and values
+        damaged = bytearray(data)
+        damaged[at : at + 24] = fill * 24
+        try:
+            got = np.concatenate(list(iter_page_values(lambda o, n: bytes(damaged[o : o + n]), layout, 3)))
+        except PagesRefused:
+            continue
+        # accepted only if what was damaged were value bytes: then the levels still hold
+        assert got.shape == values.shape
+
+
+def test_a_header_nested_past_pythons_limit_is_refused():
+    from formats.parquet_pages import ChunkLayout
+
+    data = b"\x1c" * 20000  # struct field inside struct field ...: recursion, not a header
+    layout = ChunkLayout(start=0, length=len(data), codec=None, num_values=4, dtype=np.dtype("<f4"), max_def=3)
+    with pytest.raises(PagesRefused, match="unreadable page data \\(RecursionError"):
+        list(iter_page_values(lambda o, n: data[o : o + n], layout, 2))
