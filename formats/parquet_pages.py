@@ -17,7 +17,7 @@ levels say "every row is a non-null list of exactly ``list_size`` non-null value
   distinct runs and then one byte comparison.
 
 The values are then the page's PLAIN bytes, or dictionary indices looked up in the chunk's
-dictionary page. Anything else (another encoding, a codec Arrow cannot decompress here, a
+dictionary page. Anything else (another encoding, a codec whose output length cannot be checked, a
 level that breaks the pattern, deeper nesting) raises :class:`PagesRefused`, and the caller
 reads the column with pyarrow instead: this module never guesses.
 """
