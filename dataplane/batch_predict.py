@@ -293,7 +293,7 @@ class _PredictBatches:
         return pa.array(out.reshape(rows).astype(t.to_pandas_dtype(), copy=False), type=t)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from dataplane.executor import prepare_task
+        from formats.sparktask import prepare_task
 
         prepare_task()
         predictor = _cached_predictor(self.model_path, self.layer, self.input_cols, self.loader)

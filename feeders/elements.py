@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError
+from formats.errors import SchemaError
 from formats.schema import ColumnSpec, RaggedColumn, tf_spec
 
 __all__ = [

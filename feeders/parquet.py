@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from formats.errors import SchemaError, StorageError
 from feeders.elements import (
     assemble,
     check_representable,
@@ -55,7 +55,7 @@ from feeders.elements import (
     signature,
     validate_reader_args,
 )
-from feeders.fs import Location, list_files, resolve, storage_error
+from formats.fs import Location, list_files, resolve, storage_error
 from feeders.generator import generator_dataset
 from feeders.readahead import IterAhead
 from feeders.shard import normalize_shard, take_shard

@@ -23,8 +23,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StackError
-from feeders.fs import resolve
+from formats.errors import SchemaError, StackError
+from formats.fs import resolve
 from feeders.generator import generator_dataset
 from feeders.elements import validate_reader_args
 from feeders.parquet import plan_parquet

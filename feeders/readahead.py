@@ -33,7 +33,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
-from dataplane.errors import StorageError
+from formats.errors import StorageError
 
 __all__ = ["ReadAheadStream", "OpenAhead", "IterAhead", "BLOCK_BYTES", "MAX_DEPTH"]
 

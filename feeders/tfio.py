@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StackError, StorageError
+from formats.errors import SchemaError, StackError, StorageError
 from feeders.elements import validate_reader_args
 from feeders.parquet import plan_parquet
 from feeders.shard import normalize_shard, take_shard

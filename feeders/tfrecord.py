@@ -44,8 +44,8 @@ from typing import Any, BinaryIO, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import RecordError, SchemaError, StorageError
-from feeders.fs import Location, list_files, resolve, storage_error
+from formats.errors import RecordError, SchemaError, StorageError
+from formats.fs import Location, list_files, resolve, storage_error
 from feeders.elements import validate_reader_args
 from feeders.generator import generator_dataset
 from feeders.readahead import OpenAhead, ReadAheadStream

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError
+from formats.errors import SchemaError
 from formats.example_decode import decode_examples, infer_specs
 from formats.features import feature_kind, ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec, column_array

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import RecordError, SchemaError
+from formats.errors import RecordError, SchemaError
 from formats.features import feature_kind, ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec
 from formats.wire import read_varint as _varint

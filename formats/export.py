@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, write_partition
@@ -108,7 +108,7 @@ class _WriteTask:
 
 
 def _resolve(path: str | os.PathLike, filesystem: Any) -> Any:
-    from feeders.fs import resolve
+    from formats.fs import resolve
 
     return resolve(path, filesystem=filesystem)
 
@@ -199,7 +199,7 @@ class _ReadTask:
         self.batch_size = batch_size
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from dataplane.executor import prepare_task
+        from formats.sparktask import prepare_task
         from formats.example import decode_examples
         from formats.tfrecord import iter_records, open_compressed
 
@@ -268,7 +268,7 @@ def read_tfrecords(
     from pyarrow import fs as pafs
     from pyspark.sql import types as T
 
-    from feeders.fs import list_files
+    from formats.fs import list_files
 
     loc = _resolve(path, filesystem)
     fs = loc.filesystem

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_specs
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, write_partition
 from formats.tfrecord import normalize_compression
@@ -341,7 +341,7 @@ def parquet_to_tfrecords(
         StorageError: ``src`` is missing, empty or unreadable (names the file), or the output
             exists (mode="error") or cannot be written.
     """
-    from feeders.fs import list_files, resolve
+    from formats.fs import list_files, resolve
     from formats.export import spark_arrow_schema
 
     comp = normalize_compression(compression)

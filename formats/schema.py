@@ -39,7 +39,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError
+from formats.errors import SchemaError
 
 __all__ = [
     "same_columns",

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from formats.errors import SchemaError, StorageError
 from formats.features import feature_kind
 from formats.schema import ColumnSpec
 

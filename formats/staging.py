@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_array
 from formats.tfrecord import compression_suffix
 
@@ -86,7 +86,7 @@ def write_partition(
     """
     from pyspark import TaskContext
 
-    from dataplane.executor import prepare_task
+    from formats.sparktask import prepare_task
     from formats.example import encode_example_array
     from formats.tfrecord import open_compressed, write_record_array
 
@@ -173,7 +173,7 @@ class StagedOutput:
         """
         from pyarrow import fs as pafs
 
-        from feeders.fs import resolve
+        from formats.fs import resolve
 
         if mode not in ("error", "overwrite"):
             raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import RecordError, StorageError
+from formats.errors import RecordError, StorageError
 from formats.pool import BufferPool
 
 __all__ = [

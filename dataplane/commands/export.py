@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from pyarrow import fs as pafs
 
     from dataplane.errors import DataplaneError
-    from feeders.fs import resolve
+    from formats.fs import resolve
 
     if args.num_files is not None and args.num_files < 1:
         return _fail(f"--num-files must be at least 1, got {args.num_files}.")
@@ -247,7 +247,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
 
 def _partitioned(src: Any) -> bool:
     """Whether a Parquet SRC has Hive-style ``key=value`` directories (columns in paths)."""
-    from feeders.fs import list_files
+    from formats.fs import list_files
     from formats.parquet_export import partition_dirs
 
     return bool(partition_dirs(list_files(src), src.path))

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _detect(path: str) -> str:
-    from feeders.fs import list_files, resolve
+    from formats.fs import list_files, resolve
     from formats.schemafile import SCHEMA_FILE_NAME
 
     loc = resolve(path)

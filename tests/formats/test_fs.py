@@ -7,8 +7,8 @@ import os
 import pytest
 from pyarrow import fs
 
-from dataplane.errors import StorageError
-from feeders.fs import hdfs_filesystem, hdfs_problems, list_files, resolve, s3_filesystem
+from formats.errors import StorageError
+from formats.fs import hdfs_filesystem, hdfs_problems, list_files, resolve, s3_filesystem
 
 
 def _s3_kwargs(s3) -> dict:

@@ -1,4 +1,4 @@
-"""dataplane.executor.prepare_task: zip importers stop re-reading their archive on every task."""
+"""formats.sparktask.prepare_task: zip importers stop re-reading their archive on every task."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import zipimport
 
 import pytest
 
-from dataplane import executor
+from formats import sparktask
 
 
 @pytest.fixture
@@ -40,16 +40,16 @@ def test_invalidation_no_longer_rereads_a_zip_on_the_path(zipped_modules, monkey
     importlib.invalidate_caches()
     before = reads.count(zipped_modules)
 
-    executor.prepare_task()
+    sparktask.prepare_task()
     reads.clear()
     importlib.invalidate_caches()
     import dp_zip_mod_b  # still importable from the same archive after the swap
 
     assert dp_zip_mod_b.VALUE == "b"
     finder = sys.path_importer_cache[zipped_modules]
-    if executor._AFFECTED:  # Python 3.10 / 3.11: the eager re-read this works around
+    if sparktask._AFFECTED:  # Python 3.10 / 3.11: the eager re-read this works around
         assert before == 1
-        assert type(finder) is executor._StableZipImporter
+        assert type(finder) is sparktask._StableZipImporter
         assert reads.count(zipped_modules) == 0
     else:  # 3.12+ invalidates lazily; nothing is swapped
         assert type(finder) is zipimport.zipimporter
@@ -62,7 +62,7 @@ def test_spark_worker_zip_importers_are_swapped(spark):
         import sys
         import zipimport
 
-        from dataplane.executor import prepare_task
+        from formats.sparktask import prepare_task
 
         def plain() -> int:
             return sum(type(f) is zipimport.zipimporter for f in sys.path_importer_cache.values())

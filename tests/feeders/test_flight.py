@@ -1,4 +1,4 @@
-"""dataplane.rpc: the per-process Flight client cache used by pushing tasks."""
+"""feeders.flight: the per-process Flight client cache used by pushing tasks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pyarrow.flight as flight
 import pytest
 
-from dataplane import rpc
+import feeders.flight as clients
 
 
 class _Echo(flight.FlightServerBase):
@@ -25,9 +25,9 @@ def server():
 
 @pytest.fixture(autouse=True)
 def empty_cache():
-    rpc._TASK_CLIENTS.clear()
+    clients._TASK_CLIENTS.clear()
     yield
-    rpc._TASK_CLIENTS.clear()
+    clients._TASK_CLIENTS.clear()
 
 
 def _ping(client: flight.FlightClient) -> bytes:
@@ -35,47 +35,47 @@ def _ping(client: flight.FlightClient) -> bytes:
 
 
 def test_one_client_per_location_and_it_works(server):
-    a = rpc.task_client(server)
-    assert rpc.task_client(server) is a
+    a = clients.task_client(server)
+    assert clients.task_client(server) is a
     assert _ping(a) == str(os.getpid()).encode()
     other = "grpc://127.0.0.1:1"
-    assert rpc.task_client(other) is not a
-    assert len(rpc._TASK_CLIENTS) == 2
+    assert clients.task_client(other) is not a
+    assert len(clients._TASK_CLIENTS) == 2
 
 
 def test_tls_roots_are_part_of_the_key(server):
-    plain = rpc.task_client(server)
-    assert rpc.task_client(server, tls_root_certs=b"pem") is not plain
+    plain = clients.task_client(server)
+    assert clients.task_client(server, tls_root_certs=b"pem") is not plain
 
 
 def test_the_cache_is_bounded_oldest_out(server, monkeypatch):
-    monkeypatch.setattr(rpc, "_TASK_CLIENTS_MAX", 3)
-    first = rpc.task_client("grpc://127.0.0.1:1")
+    monkeypatch.setattr(clients, "_TASK_CLIENTS_MAX", 3)
+    first = clients.task_client("grpc://127.0.0.1:1")
     for port in (2, 3, 4):
-        rpc.task_client(f"grpc://127.0.0.1:{port}")
-    assert len(rpc._TASK_CLIENTS) == 3
-    assert rpc.task_client("grpc://127.0.0.1:1") is not first
+        clients.task_client(f"grpc://127.0.0.1:{port}")
+    assert len(clients._TASK_CLIENTS) == 3
+    assert clients.task_client("grpc://127.0.0.1:1") is not first
 
 
 def test_entries_of_another_process_are_dropped_not_reused(server):
     # What a forked child sees: entries keyed by its parent's pid. It must open its own.
-    inherited = rpc.connect(server)
-    rpc._TASK_CLIENTS[(os.getpid() + 1, server, None)] = inherited
-    mine = rpc.task_client(server)
+    inherited = clients.connect(server)
+    clients._TASK_CLIENTS[(os.getpid() + 1, server, None)] = inherited
+    mine = clients.task_client(server)
     assert mine is not inherited
-    assert list(rpc._TASK_CLIENTS) == [(os.getpid(), server, None)]
+    assert list(clients._TASK_CLIENTS) == [(os.getpid(), server, None)]
 
 
 def _child(location: str, conn) -> None:  # type: ignore[no-untyped-def]
-    from dataplane import rpc as child_rpc
+    import feeders.flight as child_clients
 
-    conn.send(_ping(child_rpc.task_client(location)))
+    conn.send(_ping(child_clients.task_client(location)))
 
 
 def test_a_spawned_process_gets_a_working_client(server):
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    rpc.task_client(server)
+    clients.task_client(server)
     proc = ctx.Process(target=_child, args=(server, child))
     proc.start()
     assert parent.poll(60)

@@ -1,0 +1,305 @@
+"""Turn a path or URL into a ``pyarrow.fs`` filesystem plus a path on it, and list data files.
+
+Supported: plain paths and ``file://``; ``s3://bucket/key`` (credentials, endpoint and region
+from the standard AWS variables, or pass ``filesystem=``); ``hdfs://host:port/path`` through
+pyarrow's ``HadoopFileSystem`` (needs libhdfs, Java and the Hadoop jars; a missing piece is a
+:class:`~formats.errors.StorageError` that says which and how to fix it).
+
+The environment is read when a URL is resolved, never at import time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from formats.errors import StorageError
+
+__all__ = [
+    "Location",
+    "resolve",
+    "list_files",
+    "s3_filesystem",
+    "hdfs_filesystem",
+    "hdfs_problems",
+    "storage_error",
+]
+
+_HIDDEN_PREFIXES = ("_", ".")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A resolved path or URL.
+
+    Attributes:
+        filesystem: the ``pyarrow.fs.FileSystem`` to read with (picklable).
+        path: the path on that filesystem (``bucket/key`` for S3, absolute for local/HDFS).
+        url: the URL as the user gave it, for messages.
+        scheme: ``file``, ``s3`` or ``hdfs`` (``custom`` when a filesystem was passed in).
+    """
+
+    filesystem: Any
+    path: str
+    url: str
+    scheme: str
+
+    def display(self, path: str) -> str:
+        """A path on this filesystem written back as a URL, for messages and listings."""
+        if self.scheme == "s3":
+            return f"s3://{path}"
+        if self.scheme == "hdfs":
+            parts = urlsplit(self.url)
+            return f"hdfs://{parts.netloc}{path}"
+        return path
+
+
+def _endpoint(env: Mapping[str, str]) -> tuple[str | None, str]:
+    """(host[:port], scheme) from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, if either is set."""
+    raw = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if not raw:
+        return None, "https"
+    if "://" not in raw:
+        return raw.rstrip("/"), "https"
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise StorageError(
+            f"the S3 endpoint {raw!r} (from AWS_ENDPOINT_URL_S3/AWS_ENDPOINT_URL) is not an "
+            f"http(s) URL; set it like http://127.0.0.1:8333 or https://s3.example.com."
+        )
+    return parts.netloc, parts.scheme
+
+
+def s3_filesystem(*, env: Mapping[str, str] | None = None) -> Any:
+    """A ``pyarrow.fs.S3FileSystem`` configured from the standard AWS variables.
+
+    Reads ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN``),
+    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (``http://host:port`` for a local server),
+    and ``AWS_REGION`` / ``AWS_DEFAULT_REGION``. Unset keys fall back to the AWS SDK's own
+    chain (config files, instance roles).
+
+    Args:
+        env: where to read the variables (default: ``os.environ``, read now).
+    """
+    from pyarrow import fs
+
+    env = os.environ if env is None else env
+    kwargs: dict[str, Any] = {}
+    host, scheme = _endpoint(env)
+    if host:
+        kwargs["endpoint_override"] = host
+        kwargs["scheme"] = scheme
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if bool(key) != bool(secret):
+        raise StorageError(
+            "only one of AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY is set; set both (or neither "
+            "to use the AWS SDK's default credential chain)."
+        )
+    if key:
+        kwargs["access_key"] = key
+        kwargs["secret_key"] = secret
+        if env.get("AWS_SESSION_TOKEN"):
+            kwargs["session_token"] = env["AWS_SESSION_TOKEN"]
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    elif host:
+        # A custom endpoint (MinIO, SeaweedFS...) rarely cares, but the SDK would otherwise try
+        # to discover the bucket's region from AWS itself.
+        kwargs["region"] = "us-east-1"
+    return fs.S3FileSystem(**kwargs)
+
+
+def hdfs_problems(*, env: Mapping[str, str] | None = None) -> list[str]:
+    """What is missing for pyarrow's ``HadoopFileSystem`` to load, each with its fix.
+
+    pyarrow needs (1) ``libhdfs.so``, found through ``ARROW_LIBHDFS_DIR`` or
+    ``$HADOOP_HOME/lib/native``; (2) a JVM, through ``JAVA_HOME``; (3) the Hadoop jars on
+    ``CLASSPATH`` (``hadoop classpath --glob``). An empty list means all three look present.
+    """
+    env = os.environ if env is None else env
+    problems = []
+    lib_dirs = []
+    if env.get("ARROW_LIBHDFS_DIR"):
+        lib_dirs.append(env["ARROW_LIBHDFS_DIR"])
+    if env.get("HADOOP_HOME"):
+        lib_dirs.append(os.path.join(env["HADOOP_HOME"], "lib", "native"))
+    if not lib_dirs:
+        problems.append(
+            "libhdfs: neither ARROW_LIBHDFS_DIR nor HADOOP_HOME is set; set HADOOP_HOME to your "
+            "Hadoop install (libhdfs.so is in $HADOOP_HOME/lib/native) or ARROW_LIBHDFS_DIR to "
+            "the directory holding libhdfs.so"
+        )
+    elif not any(os.path.exists(os.path.join(d, "libhdfs.so")) for d in lib_dirs):
+        problems.append(
+            f"libhdfs: no libhdfs.so in {', '.join(lib_dirs)}; point ARROW_LIBHDFS_DIR at the "
+            f"directory that holds it (usually $HADOOP_HOME/lib/native)"
+        )
+    if not env.get("JAVA_HOME"):
+        problems.append(
+            "Java: JAVA_HOME is not set; install a JDK and export JAVA_HOME (libhdfs starts a "
+            "JVM from $JAVA_HOME/lib/server/libjvm.so)"
+        )
+    elif not glob.glob(os.path.join(env["JAVA_HOME"], "**", "libjvm.so"), recursive=True):
+        problems.append(
+            f"Java: no libjvm.so under JAVA_HOME={env['JAVA_HOME']}; point JAVA_HOME at a JDK"
+        )
+    if "hadoop" not in env.get("CLASSPATH", "").lower():
+        problems.append(
+            "CLASSPATH: the Hadoop jars are not on CLASSPATH; run "
+            "export CLASSPATH=$(hadoop classpath --glob)"
+        )
+    return problems
+
+
+def hdfs_filesystem(url: str, *, env: Mapping[str, str] | None = None) -> Any:
+    """A ``pyarrow.fs.HadoopFileSystem`` for ``hdfs://host[:port]/...``.
+
+    Raises:
+        StorageError: libhdfs, Java or the Hadoop classpath is missing (each named with its fix),
+            or the connection failed.
+    """
+    from pyarrow import fs
+
+    parts = urlsplit(url)
+    host = parts.hostname or "default"
+    port = parts.port or (8020 if parts.hostname else 0)
+    problems = hdfs_problems(env=env)
+    if problems:
+        raise StorageError(
+            f"cannot open {url}: pyarrow's HDFS client is not usable on this machine:\n  - "
+            + "\n  - ".join(problems)
+        )
+    try:
+        return fs.HadoopFileSystem(host, port)
+    except (OSError, RuntimeError) as exc:
+        raise StorageError(
+            f"cannot connect to HDFS at {host}:{port} for {url}: {exc}. Check that the NameNode "
+            f"is reachable and that CLASSPATH holds the output of `hadoop classpath --glob`."
+        ) from exc
+
+
+def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Location:
+    """Resolve a path or URL to a :class:`Location`.
+
+    Args:
+        path_or_url: a local path, ``file://``, ``s3://`` or ``hdfs://`` URL.
+        filesystem: a ``pyarrow.fs.FileSystem`` (or fsspec filesystem) to use instead of the
+            one the URL implies; the URL's scheme is then stripped (``s3://b/k`` -> ``b/k``).
+
+    Raises:
+        StorageError: an unsupported scheme, an unusable HDFS setup.
+    """
+    if isinstance(path_or_url, os.PathLike):
+        path_or_url = os.fspath(path_or_url)
+    if not isinstance(path_or_url, str) or not path_or_url:
+        raise StorageError(
+            f"expected a path or URL string (local path, file://, s3:// or hdfs://), got "
+            f"{path_or_url!r}."
+        )
+    url = path_or_url
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower() if "://" in url else ""
+    if filesystem is not None:
+        from pyarrow import fs
+
+        if not isinstance(filesystem, fs.FileSystem):
+            filesystem = fs.PyFileSystem(fs.FSSpecHandler(filesystem))
+        path = url.split("://", 1)[1] if scheme else url
+        if scheme in ("", "file"):
+            path = os.path.abspath(path)
+        return Location(filesystem, path.rstrip("/") or "/", url, "custom")
+    if scheme in ("", "file"):
+        from pyarrow import fs
+
+        path = parts.path if scheme == "file" else url
+        return Location(fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path)), url, "file")
+    if scheme in ("s3", "s3a"):
+        if not parts.netloc:
+            raise StorageError(f"{url!r} names no bucket; write it as s3://bucket/prefix.")
+        path = f"{parts.netloc}{parts.path}".rstrip("/")
+        return Location(s3_filesystem(), path, url, "s3")
+    if scheme in ("hdfs", "viewfs"):
+        return Location(hdfs_filesystem(url), parts.path.rstrip("/") or "/", url, "hdfs")
+    raise StorageError(
+        f"unsupported URL scheme {scheme!r} in {url!r}; use a local path, file://, s3:// or "
+        f"hdfs://, or pass filesystem= (a pyarrow.fs or fsspec filesystem)."
+    )
+
+
+def storage_error(exc: BaseException, what: str, url: str) -> StorageError:
+    """Wrap a filesystem ``OSError`` into a :class:`StorageError` with a hint for the usual causes."""
+    text = str(exc)
+    hint = ""
+    if "ACCESS_DENIED" in text or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+        hint = (
+            " The S3 server refused the credentials: check AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or the filesystem= you passed) and that the key may read "
+            "this bucket."
+        )
+    elif "NETWORK_CONNECTION" in text or "Could not connect" in text:
+        hint = (
+            " The S3 endpoint could not be reached: check AWS_ENDPOINT_URL / "
+            "AWS_ENDPOINT_URL_S3 and that the server is running."
+        )
+    elif "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text:
+        hint = " The bucket does not exist: check the bucket name in the URL."
+    return StorageError(f"cannot {what} {url}: {text}.{hint}")
+
+
+def list_files(
+    loc: Location,
+    *,
+    suffixes: Sequence[str] | None = None,
+    accept: Callable[[str], bool] | None = None,
+) -> list[str]:
+    """Data files under a location, sorted: the file itself, or every file below a directory.
+
+    Hidden and marker files (names starting with ``_`` or ``.``, such as ``_SUCCESS`` or
+    ``.part.crc``) are skipped. ``suffixes`` keeps only names ending in one of them; ``accept``
+    is an extra predicate on the path.
+
+    Raises:
+        StorageError: the path does not exist, cannot be listed (credentials, network), or holds
+            no matching file.
+    """
+    from pyarrow import fs
+
+    try:
+        info = loc.filesystem.get_file_info(loc.path)
+    except OSError as exc:
+        raise storage_error(exc, "read", loc.url) from exc
+    if info.type == fs.FileType.NotFound:
+        raise StorageError(
+            f"{loc.url} does not exist (looked for {loc.path!r} on {loc.filesystem.type_name}); "
+            f"check the path, and for s3:// the bucket, key and AWS_ENDPOINT_URL."
+        )
+    if info.type == fs.FileType.File:
+        return [loc.path]
+    try:
+        infos = loc.filesystem.get_file_info(fs.FileSelector(loc.path, recursive=True))
+    except OSError as exc:
+        raise storage_error(exc, "list", loc.url) from exc
+    prefix = loc.path.rstrip("/") + "/"
+    files = []
+    for entry in infos:
+        if entry.type != fs.FileType.File:
+            continue
+        rel = entry.path[len(prefix):] if entry.path.startswith(prefix) else entry.base_name
+        if any(part.startswith(_HIDDEN_PREFIXES) for part in rel.split("/")):
+            continue
+        if suffixes and not entry.base_name.endswith(tuple(suffixes)):
+            continue
+        if accept is not None and not accept(entry.path):
+            continue
+        files.append(entry.path)
+    if not files:
+        wanted = f" ending in {', '.join(suffixes)}" if suffixes else ""
+        raise StorageError(
+            f"{loc.url} is a directory with no data files{wanted} (hidden and _-prefixed files "
+            f"are skipped); check the path."
+        )
+    return sorted(files)
