@@ -3,6 +3,11 @@
 Each sub-command lives in ``dataplane/commands/<name>.py`` and exposes ``add_arguments(parser)``
 and ``run(args) -> int``. Modules are imported only for the command being run (or asked about),
 and none of them imports Spark or TensorFlow at import time, so ``--help`` is instant.
+
+Every command gets the same terminal behaviour from here (see :mod:`dataplane.commands.console`):
+an exception that escapes a command prints one line, ``dataplane <cmd>: error: <what>``, and
+exits 1 (130 on Ctrl-C) instead of a traceback; Spark's start-up chatter is kept off the
+terminal. ``-v`` shows both again.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -44,12 +50,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if a in COMMANDS), None)
     args = _parser(command).parse_args(argv)
+    if not args.verbose:
+        from dataplane.commands.console import quiet_spark
+
+        # Before the command starts Spark: the JVM reads the log4j2 setting at launch;
+        # before logging, whose handler must write to the terminal, not the filter.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        quiet_spark()
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"dataplane {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the console script's last word; -v re-raises
+        if args.verbose:
+            raise
+        from dataplane.commands.console import problem_line
+
+        print(f"dataplane {args.command}: error: {problem_line(exc)} (-v shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
