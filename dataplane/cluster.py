@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from dataplane.control import ControlServer
 from dataplane.errors import ClusterStateError, NodeError, error_summary
-from dataplane.feed import FeedReport
+from dataplane.feed import Feeder, FeedReport
 from dataplane.sparkjobs import SparkJob
 from dataplane.topology import NodeInfo, Topology
 
@@ -44,6 +44,7 @@ class Cluster:
         tls_root: bytes | None,
         launch_job: SparkJob,
         log_dir: str | None,
+        buffer_bytes: int = 64 << 20,
     ) -> None:
         self.spark = spark
         self._control = control
@@ -54,13 +55,15 @@ class Cluster:
         self._tls_root = tls_root
         self._launch_job = launch_job
         self.log_dir = log_dir
-        self._epoch = 0
         self._state = "starting"
         self._lock = threading.Lock()
         self._clients: dict[int, Any] = {}
-        self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
-        self._push_frame: tuple[Any, ...] | None = None  # feed.train's reusable push job
         self.topology: Topology | None = None
+        self._feeder = Feeder(
+            spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
+            buffer_bytes=buffer_bytes, node_timeout=node_timeout, action=self._node_action,
+            live_workers=self._live_workers, failure=self._node_failure,
+        )
 
     # -- public -------------------------------------------------------------------------------
     @property
@@ -90,20 +93,22 @@ class Cluster:
         """Push every row of ``df`` into the workers, ``num_epochs`` times.
 
         Each epoch is one Spark job whose tasks stream their partition straight to the workers'
-        Flight servers; the driver only coordinates. Returns when every row is in a node's
-        buffer (the nodes may still be training on the last of it).
+        Flight servers; the driver only coordinates. Returns once every worker's pass over the
+        last epoch has ended (read to its end, left early, or its main returned), so the report
+        accounts for every row: consumed + ``rows_unconsumed`` + ``dropped_for_balance`` =
+        ``rows``. A worker that leaves an epoch early (``break``, ``take``,
+        ``steps_per_epoch``) is sent no more of it; the next epoch proceeds.
 
         ``df`` should be deterministic per partition (cached, or read from files): a retried
         task must produce the same rows for exactly-once delivery.
 
         Raises:
             NodeError: a node's main raised or its process died during the feed.
+            SchemaError: ``df`` has no columns, or a column no tensor can hold.
             FeedError: the feeding job failed or did not finish within ``feed_timeout``.
         """
-        from dataplane import feed
-
         self._check_running("train")
-        return feed.train(self, df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress)
+        return self._feeder.train(df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress)
 
     def inference(
         self,
@@ -129,11 +134,9 @@ class Cluster:
             feed_timeout: per-call deadline for the node's answers.
             max_rows: rows per request batch.
         """
-        from dataplane import feed
-
         self._check_running("inference")
-        return feed.inference(
-            self, df, passthrough=passthrough, columns=columns, output_schema=output_schema,
+        return self._feeder.inference(
+            df, passthrough=passthrough, columns=columns, output_schema=output_schema,
             feed_timeout=feed_timeout, max_rows=max_rows,
         )
 
@@ -215,28 +218,6 @@ class Cluster:
     def _check_running(self, what: str) -> None:
         if self._state != "running":
             raise ClusterStateError(f"cannot {what}: the cluster is {self._state}.")
-
-    def _next_epoch(self) -> int:
-        e = self._epoch
-        self._epoch += 1
-        return e
-
-    def _shapes_of(self, df: Any, compute: Callable[[], dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
-        """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
-        repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
-        import weakref
-
-        hit = self._shapes.get(id(df))
-        if hit is not None and hit[0]() is df:
-            return hit[1]
-        shapes = compute()
-        try:
-            self._shapes[id(df)] = (weakref.ref(df), shapes)
-        except TypeError:  # not weak-referenceable: just do not cache
-            pass
-        if len(self._shapes) > 64:
-            self._shapes = {k: v for k, v in self._shapes.items() if v[0]() is not None}
-        return shapes
 
     def _live_workers(self) -> list[NodeInfo]:
         snap = self._control.snapshot()

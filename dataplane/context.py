@@ -88,12 +88,23 @@ class NodeContext:
         shapes: Mapping[str, Sequence[int]] | None = None,
         fill_values: Mapping[str, Any] | None = None,
         prefetch: int = 2,
+        repeat: bool = False,
     ):
         """A ``tf.data.Dataset`` of the rows the driver pushes with ``cluster.train``.
 
         One iteration is one pushed epoch; iterating again reads the next epoch (so
         ``model.fit(ds, epochs=n)`` matches ``cluster.train(df, num_epochs=n)``). When the
         cluster shuts down, an iteration waiting for data ends empty.
+
+        Leaving an epoch early (``break``, ``ds.take(k)``, Keras ``steps_per_epoch`` or
+        ``evaluate(steps=k)``, an iterator dropped) never blocks the feed: the node refuses the
+        rest of that epoch at once, the next iteration reads the next epoch, and
+        ``FeedReport.rows_unconsumed`` counts what was left. Under MultiWorkerMirroredStrategy
+        every worker yields the same number of batches per epoch.
+
+        ``repeat=True`` yields the pushed epochs back to back as one dataset, for
+        ``fit(ds, epochs=E, steps_per_epoch=k)`` (each epoch is batched on its own, so batch
+        counts stay equal across workers); it ends when the cluster shuts down.
 
         Blocks until the driver starts the first ``train`` (the tensor specs come from the
         pushed DataFrame's schema).
@@ -107,6 +118,7 @@ class NodeContext:
                 whose length is the same in every row are dense ``[batch, n]`` without this.
             fill_values: values replacing nulls per column (default: a null is an error).
             prefetch: batches prepared ahead of the training step.
+            repeat: one stream over every pushed epoch (see above).
 
         Raises:
             ValueError: ``batch_size`` not positive, or ``label`` also in ``features``.
@@ -130,6 +142,7 @@ class NodeContext:
             fill_values=fill_values,
             prefetch=prefetch,
             next_epoch=self._next_epoch,
+            repeat=repeat,
         )
 
     def serve(self, predict: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> None:

@@ -1,8 +1,11 @@
-"""Driver side of ``cluster.train`` and ``cluster.inference``.
+"""Driver side of ``cluster.train`` and ``cluster.inference``: the :class:`Feeder` a cluster holds.
 
 The driver never touches the data: it announces an epoch to the workers, runs a ``mapInArrow``
-job whose tasks push straight to the nodes, then reads back what each node accepted and tells
-every worker how many rows to yield (the minimum, so all yield the same number of batches).
+job whose tasks push straight to the nodes (:mod:`feeders.push`), then asks each node what it
+received and tells every worker still reading how many rows to yield (the minimum, so all yield
+the same number of batches). ``train`` returns once every worker's pass over the last epoch has
+ended (read to its end, left early, or its main returned), so its :class:`FeedReport` accounts
+for every row: consumed + ``rows_unconsumed`` + ``dropped_for_balance`` = rows pushed.
 """
 
 from __future__ import annotations
@@ -10,24 +13,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from dataplane.errors import FeedError, SchemaError
+from dataplane.errors import FeedError, NodeError, SchemaError
 from dataplane.sparkjobs import SparkJob, arrow_schema_of, is_connect, sample_arrow
+from dataplane.topology import NodeInfo
+from feeders.protocol import Action, BeginEpoch, EpochState, chunk_bytes
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dataplane.cluster import Cluster
-
-__all__ = ["FeedReport", "train", "inference"]
+__all__ = ["FeedReport", "Feeder"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class FeedReport:
-    """What ``cluster.train`` pushed.
+    """What ``cluster.train`` pushed, and what became of it.
 
     Attributes:
         rows: rows pushed in all epochs (``df.count() * num_epochs`` when nothing failed).
@@ -36,7 +38,12 @@ class FeedReport:
         rows_per_node: node id -> rows that node received (after dedupe of retried tasks).
         dropped_for_balance: rows received but not yielded, so every worker yields the same
             number of rows (and batches) per epoch.
-        rows_unconsumed: rows not delivered because a node's ``main`` had already returned.
+        rows_unconsumed: node id -> rows pushed for that node that its dataset never handed to
+            TensorFlow: the rest of an epoch left early (``break``, ``take``,
+            ``steps_per_epoch``), an epoch's tail cut by ``drop_remainder``, or rows pushed
+            after its main had returned. Rows TensorFlow had already prefetched when a pass was
+            left count as consumed.
+        spark_jobs: Spark jobs that pushed data.
         epochs: epoch ids used for this feed.
         messages: notes for the user (e.g. a node that stopped consuming early).
     """
@@ -46,9 +53,15 @@ class FeedReport:
     seconds: float
     rows_per_node: dict[int, int]
     dropped_for_balance: int
-    rows_unconsumed: int = 0
+    rows_unconsumed: dict[int, int] = field(default_factory=dict)
+    spark_jobs: int = 0
     epochs: list[int] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+
+    @property
+    def rows_consumed(self) -> int:
+        """Rows the workers' datasets handed to TensorFlow."""
+        return self.rows - sum(self.rows_unconsumed.values()) - self.dropped_for_balance
 
 
 def _array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
@@ -80,190 +93,307 @@ def _array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _each(cluster: "Cluster", nodes: Sequence[Any], name: str, body: Callable[[Any], dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Send one control action to every node at once; replies by node id (first error raised).
-
-    A node busy converting its tail of an epoch answers in a few ms; asked one after another,
-    those waits added up at every epoch boundary.
-    """
-    if len(nodes) <= 1:
-        return {n.node_id: cluster._node_action(n, name, body(n)) for n in nodes}
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="dataplane-action") as pool:
-        futures = [(n, pool.submit(cluster._node_action, n, name, body(n))) for n in nodes]
-        return {n.node_id: f.result() for n, f in futures}
-
-
-def _push_frame(cluster: "Cluster", df: Any, workers: Sequence[Any], schema_ipc: bytes, epoch: int) -> tuple[Any, dict[str, str]]:
-    """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
-
-    On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
-    DataFrame serves every epoch of the same ``df`` and workers: building it costs tens of
-    py4j calls (about 60 ms), every epoch otherwise. Spark Connect has no job-local
-    properties: the epoch is baked into a new DataFrame each time.
-    """
-    from feeders.push import EPOCH_PROPERTY, PUSH_RESULT_SCHEMA, PartitionPusher
-
-    locations = [(n.node_id, n.flight_location) for n in workers]
-    connect = is_connect(cluster.spark)
-
-    def frame(fixed_epoch: int | None) -> Any:
-        pusher = PartitionPusher(
-            secret=cluster._secret,
-            epoch=fixed_epoch,
-            locations=locations,
-            schema_ipc=schema_ipc,
-            max_chunk_bytes=cluster._max_chunk_bytes,
-            tls_root_certs=cluster._tls_root,
-        )
-        return df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
-
-    if connect:
-        return frame(epoch), {}
-    key = (id(df), tuple(locations), schema_ipc)
-    cached = cluster._push_frame
-    if cached is None or cached[0] != key or cached[1]() is not df:
-        import weakref
-
-        try:
-            ref = weakref.ref(df)
-        except TypeError:  # not weak-referenceable: no reuse
-            return frame(None), {EPOCH_PROPERTY: str(epoch)}
-        cluster._push_frame = (key, ref, frame(None))
-    return cluster._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
-
-
-def _wait(cluster: "Cluster", job: SparkJob, timeout: float, what: str) -> Any:
-    """Wait for ``job`` while watching the nodes; cancel it if a node fails or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return job.future.result(timeout=0.25)
-        except TimeoutError:
-            pass
-        except Exception as e:
-            # The job failed: if a node is behind it, say so. A node that cannot be reached may
-            # be dead: give the heartbeat monitor long enough to decide.
-            text = str(e)
-            unreachable = any(
-                k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
-            )
-            err = cluster._node_failure(grace=cluster._node_timeout + 2.0 if unreachable else 3.0)
-            if err is not None:
-                raise err from e
-            raise FeedError(f"{what} failed: {type(e).__name__}: {_first_line(e)}") from e
-        err = cluster._node_failure()
-        if err is not None:
-            job.cancel()
-            raise err
-        if time.monotonic() > deadline:
-            job.cancel()
-            raise FeedError(
-                f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was "
-                f"cancelled. Raise feed_timeout for bigger data, or check that the nodes consume "
-                f"their dataset (cluster.metrics() shows each node's buffer and stall time)."
-            )
-
-
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     for line in text.splitlines():
-        if "FeedError" in line or "failed to start" in line:
+        if "FeedError" in line or "failed to start" in line or "SchemaError" in line:
             return line.strip()
     return text.splitlines()[0][:2000] if text else repr(e)
 
 
-def train(
-    cluster: "Cluster",
-    df: Any,
-    *,
-    num_epochs: int,
-    feed_timeout: float,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-) -> FeedReport:
-    from pyspark.sql.types import StructType
+@dataclass
+class _Epoch:
+    """The driver's books on one pushed epoch."""
 
-    if not isinstance(num_epochs, int) or num_epochs < 1:
-        raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
-    if not hasattr(df, "mapInArrow") or not isinstance(getattr(df, "schema", None), StructType):
-        raise TypeError(f"train() needs a Spark DataFrame, got {type(df).__name__}")
-    schema = arrow_schema_of(df)
-    from formats.schema import column_specs
+    epoch: int
+    workers: list[NodeInfo]
+    assigned: dict[int, int] = field(default_factory=dict)  # node -> rows the split gave it
+    received: dict[int, int] = field(default_factory=dict)
+    limit: int | None = None
+    reading: set[int] = field(default_factory=set)  # nodes told the limit
 
-    column_specs(schema)  # unsupported column types fail here, naming the column
-    shapes = cluster._shapes_of(df, lambda: _array_shapes(df, schema))
-    schema_ipc = schema.serialize().to_pybytes()
-    t0 = time.monotonic()
-    report = FeedReport(0, 0, 0.0, {}, 0)
-    for _ in range(num_epochs):
-        workers = cluster._live_workers()
-        if not workers:
-            report.messages.append(
-                "every worker's main has returned; the remaining epochs were not pushed"
+
+class Feeder:
+    """Feed orchestration for one cluster: push jobs, epochs, the accounting.
+
+    The cluster hands it what it needs explicitly: ``action(node, name, body, timeout=)``
+    sends a control action, ``live_workers()`` lists the workers whose main still runs,
+    ``failure(grace=)`` returns the first failed node's NodeError (or None).
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        secret: str,
+        tls_root: bytes | None,
+        max_chunk_bytes: int,
+        buffer_bytes: int,
+        node_timeout: float,
+        action: Callable[..., dict[str, Any]],
+        live_workers: Callable[[], list[NodeInfo]],
+        failure: Callable[..., NodeError | None],
+    ) -> None:
+        self.spark = spark
+        self._secret = secret
+        self._tls_root = tls_root
+        self._max_chunk_bytes = max_chunk_bytes
+        self._buffer_bytes = buffer_bytes
+        self._node_timeout = node_timeout
+        self._action = action
+        self._live_workers = live_workers
+        self._failure = failure
+        self._epoch = 0
+        self._push_frame: tuple[Any, ...] | None = None  # the reusable push job (classic Spark)
+        self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _each(self, nodes: Sequence[NodeInfo], name: Action, body: Callable[[NodeInfo], dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Send one control action to every node at once; replies by node id (first error raised).
+
+        A node busy converting its tail of an epoch answers in a few ms; asked one after
+        another, those waits added up at every epoch boundary.
+        """
+        if len(nodes) <= 1:
+            return {n.node_id: self._action(n, name.value, body(n)) for n in nodes}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="dataplane-action") as pool:
+            futures = [(n, pool.submit(self._action, n, name.value, body(n))) for n in nodes]
+            return {n.node_id: f.result() for n, f in futures}
+
+    def _shapes_of(self, df: Any, compute: Callable[[], dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+        """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
+        repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
+        import weakref
+
+        hit = self._shapes.get(id(df))
+        if hit is not None and hit[0]() is df:
+            return hit[1]
+        shapes = compute()
+        try:
+            self._shapes[id(df)] = (weakref.ref(df), shapes)
+        except TypeError:  # not weak-referenceable: just do not cache
+            pass
+        if len(self._shapes) > 64:
+            self._shapes = {k: v for k, v in self._shapes.items() if v[0]() is not None}
+        return shapes
+
+    def _concurrent_tasks(self) -> int:
+        """Task slots that may push at once (chunks are sized so that all of them together
+        stay well inside a node's buffer: see feeders.protocol)."""
+        try:
+            if not is_connect(self.spark):
+                return max(1, int(self.spark.sparkContext.defaultParallelism))
+            return max(1, int(self.spark.conf.get("spark.default.parallelism", "8")))
+        except Exception:  # noqa: BLE001 - a guess is fine: it only sizes chunks
+            return 8
+
+    def _push_frame_for(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int) -> tuple[Any, dict[str, str]]:
+        """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
+
+        On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
+        DataFrame serves every epoch of the same ``df`` and workers: building it costs tens of
+        py4j calls (about 60 ms), every epoch otherwise. Spark Connect has no job-local
+        properties: the epoch is baked into a new DataFrame each time.
+        """
+        from feeders.protocol import EPOCH_PROPERTY, PUSH_RESULT_SCHEMA
+        from feeders.push import PartitionPusher
+
+        locations = [(n.node_id, n.flight_location) for n in workers]
+        chunk = chunk_bytes(self._buffer_bytes, self._concurrent_tasks(), self._max_chunk_bytes)
+
+        def frame(fixed_epoch: int | None) -> Any:
+            pusher = PartitionPusher(
+                secret=self._secret,
+                epoch=fixed_epoch,
+                locations=locations,
+                schema_ipc=schema_ipc,
+                max_chunk_bytes=chunk,
+                tls_root_certs=self._tls_root,
             )
-            logger.warning(report.messages[-1])
-            break
-        epoch = cluster._next_epoch()
-        report.epochs.append(epoch)
-        begin = {"epoch": epoch, "schema": schema_ipc.hex(),
-                 "shapes": {k: list(v) for k, v in shapes.items()}}
-        _each(cluster, workers, "begin_epoch", lambda n: begin)
-        pushed, properties = _push_frame(cluster, df, workers, schema_ipc, epoch)
-        job = SparkJob(cluster.spark, f"dataplane: push epoch {epoch}", pushed.collect, properties)
-        rows = _wait(cluster, job, feed_timeout, f"pushing epoch {epoch}")
-        sent: dict[int, int] = {}
-        unconsumed = 0
-        for r in rows:
-            sent[r["node_id"]] = sent.get(r["node_id"], 0) + r["rows_sent"]
-            unconsumed += r["rows_unconsumed"]
-            report.bytes += r["bytes_sent"]
-        replies = _each(cluster, workers, "epoch_rows", lambda n: {"epoch": epoch})
-        received = {nid: int(r["rows"]) for nid, r in replies.items()}
-        # asked of the nodes themselves: their "done" report may still be on its way
-        failed = sorted(nid for nid, r in replies.items() if r.get("main") == "failed")
-        if failed:
-            err = cluster._node_failure(grace=10.0)
-            raise err if err is not None else FeedError(
-                f"epoch {epoch}: the main of node(s) {failed} raised while data was being pushed "
-                f"(its traceback has not reached the driver yet; cluster.shutdown() reports it)."
-            )
-        finished = {nid for nid, r in replies.items() if r.get("main") != "running"}
-        consuming = [n for n in workers if n.node_id not in finished]
-        for n in workers:
-            got, pushed = received[n.node_id], sent.get(n.node_id, 0)
-            if n.node_id in finished:
-                # written into a stream the node had stopped reading: never consumed
-                unconsumed += max(pushed - got, 0)
-            elif got < pushed:
-                raise FeedError(
-                    f"epoch {epoch}: node {n.node_id} acknowledged {got} rows but the pushing "
-                    f"tasks sent it {pushed}; rows were lost."
+            return df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
+
+        if is_connect(self.spark):
+            return frame(epoch), {}
+        key = (id(df), tuple(locations), schema_ipc, chunk)
+        cached = self._push_frame
+        if cached is None or cached[0] != key or cached[1]() is not df:
+            import weakref
+
+            try:
+                ref = weakref.ref(df)
+            except TypeError:  # not weak-referenceable: no reuse
+                return frame(None), {EPOCH_PROPERTY: str(epoch)}
+            self._push_frame = (key, ref, frame(None))
+        return self._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
+
+    def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float) -> Any:
+        """Wait for ``job`` while watching the nodes; cancel it if a node fails or time runs out."""
+        while True:
+            try:
+                return job.future.result(timeout=0.25)
+            except TimeoutError:
+                pass
+            except Exception as e:
+                # The job failed: if a node is behind it, say so. A node that cannot be reached
+                # may be dead: give the heartbeat monitor long enough to decide.
+                text = str(e)
+                if "SchemaError" in text:
+                    raise SchemaError(f"{what} failed: {_first_line(e)}") from e
+                unreachable = any(
+                    k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
                 )
-        report.rows += sum(sent.values()) + sum(r["rows_unconsumed"] for r in rows)
-        report.rows_unconsumed += unconsumed
-        limit = min((received[n.node_id] for n in consuming), default=0)
-        _each(cluster, consuming, "end_epoch", lambda n: {"epoch": epoch, "limit": limit})
-        for n in consuming:
-            report.dropped_for_balance += received[n.node_id] - limit
-        for nid, r in received.items():
-            report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + r
-        if unconsumed:
-            gone = sorted(set(n.node_id for n in workers) - set(n.node_id for n in consuming))
-            msg = (
-                f"epoch {epoch}: node(s) {gone} returned from main while data was still being "
-                f"pushed; {unconsumed} row(s) were not consumed."
+                err = self._failure(grace=self._node_timeout + 2.0 if unreachable else 3.0)
+                if err is not None:
+                    raise err from e
+                raise FeedError(f"{what} failed: {type(e).__name__}: {_first_line(e)}") from e
+            err = self._failure()
+            if err is not None:
+                job.cancel()
+                raise err
+            if time.monotonic() > deadline:
+                job.cancel()
+                raise self._timeout(what, timeout)
+
+    @staticmethod
+    def _timeout(what: str, timeout: float) -> FeedError:
+        return FeedError(
+            f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was "
+            f"cancelled. Raise feed_timeout for bigger data, or check that the nodes consume "
+            f"their dataset (cluster.metrics() shows each node's buffer and stall time)."
+        )
+
+    # -- train --------------------------------------------------------------------------------
+    def train(
+        self,
+        df: Any,
+        *,
+        num_epochs: int,
+        feed_timeout: float,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> FeedReport:
+        from pyspark.sql.types import StructType
+
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
+        if not hasattr(df, "mapInArrow") or not isinstance(getattr(df, "schema", None), StructType):
+            raise TypeError(f"train() needs a Spark DataFrame, got {type(df).__name__}")
+        schema = arrow_schema_of(df)
+        if len(schema) == 0:
+            raise SchemaError(
+                "train() got a DataFrame with no columns; select the feature and label columns "
+                "to push (df.select('features', 'label'))."
             )
-            report.messages.append(msg)
-            logger.warning(msg)
-        if progress is not None:
-            progress({"epoch": epoch, "rows": report.rows, "seconds": time.monotonic() - t0})
-    report.seconds = time.monotonic() - t0
-    return report
+        from formats.schema import column_specs
+
+        column_specs(schema)  # unsupported column types fail here, naming the column
+        shapes = self._shapes_of(df, lambda: _array_shapes(df, schema))
+        schema_ipc = schema.serialize().to_pybytes()
+        t0 = time.monotonic()
+        deadline = t0 + feed_timeout
+        report = FeedReport(0, 0, 0.0, {}, 0)
+        books: list[_Epoch] = []
+        for _ in range(num_epochs):
+            workers = self._live_workers()
+            if not workers:
+                report.messages.append(
+                    "every worker's main has returned; the remaining epochs were not pushed"
+                )
+                logger.warning(report.messages[-1])
+                break
+            ep = _Epoch(self._epoch, workers)
+            self._epoch += 1
+            books.append(ep)
+            report.epochs.append(ep.epoch)
+            begin = BeginEpoch(ep.epoch, schema_ipc, shapes).to_json()
+            self._each(workers, Action.BEGIN_EPOCH, lambda n: begin)
+            pushed, properties = self._push_frame_for(df, workers, schema_ipc, ep.epoch)
+            job = SparkJob(self.spark, f"dataplane: push epoch {ep.epoch}", pushed.collect, properties)
+            rows = self._wait(job, deadline, f"pushing epoch {ep.epoch}", feed_timeout)
+            report.spark_jobs += 1
+            for r in rows:
+                nid = r["node_id"]
+                ep.assigned[nid] = ep.assigned.get(nid, 0) + r["rows_sent"] + r["rows_refused"]
+                report.bytes += r["bytes_sent"]
+            states = self._states(ep)
+            ep.received = {nid: st.rows for nid, st in states.items()}
+            reading = [n for n in workers if not states[n.node_id].closed and states[n.node_id].main == "running"]
+            ep.limit = min((ep.received[n.node_id] for n in reading), default=0)
+            self._each(reading, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
+            ep.reading = {n.node_id for n in reading}
+            report.rows += sum(ep.assigned.values())
+            for nid, got in ep.received.items():
+                report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + got
+            if progress is not None:
+                progress({"epoch": ep.epoch, "rows": report.rows, "seconds": time.monotonic() - t0})
+        self._settle(books, report, deadline, feed_timeout)
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def _states(self, ep: _Epoch) -> dict[int, EpochState]:
+        replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
+        states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
+        failed = sorted(nid for nid, st in states.items() if st.main == "failed")
+        if failed:
+            err = self._failure(grace=10.0)
+            raise err if err is not None else FeedError(
+                f"epoch {ep.epoch}: the main of node(s) {failed} raised while data was being "
+                f"pushed (its traceback has not reached the driver yet; cluster.shutdown() "
+                f"reports it)."
+            )
+        return states
+
+    def _settle(self, books: list[_Epoch], report: FeedReport, deadline: float, timeout: float) -> None:
+        """Wait until every worker's pass over each pushed epoch has ended, then account for
+        every row: consumed (handed to TensorFlow), dropped for balance, or unconsumed."""
+        pending = list(books)
+        while pending:
+            ep = pending[0]
+            states = self._states(ep)
+            if not all(st.closed or st.main != "running" for st in states.values()):
+                err = self._failure()
+                if err is not None:
+                    raise err
+                if time.monotonic() > deadline:
+                    raise self._timeout(f"consuming epoch {ep.epoch}", timeout)
+                time.sleep(0.05)
+                continue
+            pending.pop(0)
+            left_early = []
+            for n in ep.workers:
+                nid, st = n.node_id, states[n.node_id]
+                assigned = ep.assigned.get(nid, 0)
+                if st.rows > assigned:
+                    raise FeedError(
+                        f"epoch {ep.epoch}: node {nid} received {st.rows} rows but the pushing "
+                        f"tasks assigned it {assigned}; rows were duplicated."
+                    )
+                if nid in ep.reading and st.complete:
+                    dropped = ep.received[nid] - (ep.limit or 0)
+                    report.dropped_for_balance += dropped
+                    left = assigned - st.emitted - dropped
+                else:
+                    left = assigned - st.emitted
+                    if left:
+                        left_early.append(nid)
+                if left:
+                    report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
+            if left_early:
+                msg = (
+                    f"epoch {ep.epoch}: node(s) {left_early} ended their pass early (or their "
+                    f"main returned); the rest of the epoch was not sent to them."
+                )
+                report.messages.append(msg)
+                logger.info(msg)
+
+    # -- inference ------------------------------------------------------------------------------
+    def inference(self, df: Any, **kw: Any) -> Any:
+        return inference(self, df, **kw)
 
 
 def inference(
-    cluster: "Cluster",
+    feeder: Feeder,
     df: Any,
     *,
     passthrough: Sequence[str],
@@ -288,11 +418,11 @@ def inference(
     for c in send:
         if c not in in_schema.names:
             raise SchemaError(f"column {c!r} is not in the DataFrame; its columns are {in_schema.names}.")
-    servers = cluster._live_workers()
+    servers = feeder._live_workers()
     if not servers:
         raise FeedError("no chief or worker node is running main, so nothing can answer inference.")
     if output_schema is None:
-        output_schema = _probe_output_schema(cluster, df, servers[0], send, feed_timeout)
+        output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
     clash = [f.name for f in output_schema if f.name in passthrough]
     if clash:
         raise SchemaError(
@@ -302,24 +432,23 @@ def inference(
     fields = [in_schema.field(c) for c in passthrough] + list(output_schema)
     out_schema = pa.schema(fields)
     inferrer = PartitionInferrer(
-        secret=cluster._secret,
+        secret=feeder._secret,
         locations=[(n.node_id, n.flight_location) for n in servers],
         send_columns=send,
         passthrough=passthrough,
         output_schema_ipc=out_schema.serialize().to_pybytes(),
         max_rows=max_rows,
-        tls_root_certs=cluster._tls_root,
+        tls_root_certs=feeder._tls_root,
     )
     return df.mapInArrow(inferrer, from_arrow_schema(out_schema))
 
 
-def _probe_output_schema(cluster, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]
+def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]
     """Ask one node to answer a few rows, to learn predict's output columns and types."""
-    import json
-
     import pyarrow.flight as flight
 
     from dataplane.rpc import call_options, connect
+    from feeders.protocol import InferCommand
 
     sample = sample_arrow(df.select(*[f"`{c}`" for c in send]), 4)
     if sample.num_rows == 0:
@@ -327,9 +456,9 @@ def _probe_output_schema(cluster, df, node, send, timeout) -> pa.Schema:  # type
             "inference on an empty DataFrame: there is no row to learn predict's output columns "
             "from; pass output_schema= (a pyarrow.Schema) to cluster.inference."
         )
-    client = connect(node.flight_location, tls_root_certs=cluster._tls_root)
-    desc = flight.FlightDescriptor.for_command(json.dumps({"kind": "infer", "probe": True}))
-    writer, reader = client.do_exchange(desc, options=call_options(cluster._secret, timeout))
+    client = connect(node.flight_location, tls_root_certs=feeder._tls_root)
+    desc = flight.FlightDescriptor.for_command(InferCommand(probe=True).encode())
+    writer, reader = client.do_exchange(desc, options=call_options(feeder._secret, timeout))
     batch = sample.combine_chunks().to_batches()[0]
     writer.begin(batch.schema)
     writer.write_with_metadata(batch, pa.py_buffer(b"0"))

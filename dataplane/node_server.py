@@ -1,13 +1,13 @@
 """The Arrow Flight server every TF node runs.
 
-``do_put``       training data: descriptor command ``{"kind": "feed", "epoch", "partition",
-                 "attempt"}``; batches go into the node's :class:`~feeders.buffer.FeedBuffer`.
+``do_put``       training data: one stream per (epoch, partition, task attempt), described by a
+                 :class:`feeders.protocol.FeedCommand`; batches go into the node's
+                 :class:`~feeders.buffer.FeedBuffer`.
 ``do_exchange``  inference: request batches in, answers out on the same stream, one answer per
                  request, tagged with the request's sequence number in ``app_metadata``.
-``do_action``    JSON control from the driver: ``begin_epoch``, ``end_epoch``, ``metrics``,
-                 ``shutdown``, ``ping``.
+``do_action``    JSON control from the driver (:class:`feeders.protocol.Action`).
 
-Errors the pushing side must tell apart carry a marker in their message (``[dataplane:...]``).
+A refused stream's error carries a :class:`feeders.protocol.Refusal` marker in its message.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ import pyarrow.flight as flight
 
 from dataplane.errors import FeedError, NotServing
 from dataplane.rpc import AuthMiddlewareFactory, json_result
-from feeders.buffer import ConsumerFinished, EpochInfo, FeedBuffer, FeedStopped
+from feeders.buffer import ConsumerFinished, EpochClosed, EpochInfo, FeedBuffer, FeedStopped
+from feeders.protocol import Action, BeginEpoch, FeedCommand, PutReply, Refusal, decode_seen
 
 __all__ = ["NodeServer", "InferenceBroker", "CONSUMER_FINISHED", "NODE_STOPPING"]
 
 logger = logging.getLogger(__name__)
 
-CONSUMER_FINISHED = "[dataplane:consumer-finished]"
-NODE_STOPPING = "[dataplane:node-stopping]"
+CONSUMER_FINISHED = Refusal.CONSUMER_FINISHED.value
+NODE_STOPPING = Refusal.NODE_STOPPING.value
 
 
 class InferenceBroker:
@@ -100,32 +101,36 @@ class NodeServer(flight.FlightServerBase):
 
     # -- data -------------------------------------------------------------------------------
     def do_put(self, context, descriptor, reader, writer):  # type: ignore[override]
-        cmd = json.loads(descriptor.command)
-        epoch, partition = int(cmd["epoch"]), int(cmd["partition"])
+        cmd = FeedCommand.decode(descriptor.command)
+        epoch, partition = cmd.epoch, cmd.partition
 
-        def batches():
+        def chunks():
             while True:
                 try:
                     chunk = reader.read_chunk()
                 except StopIteration:
                     return
-                if chunk.data is not None:
-                    yield chunk.data
+                yield chunk.data, decode_seen(chunk.app_metadata)
 
         try:
-            rows = self.buffer.put_stream(epoch, partition, batches())
+            rows = self.buffer.put_stream(epoch, partition, chunks())
         except ConsumerFinished:
             raise flight.FlightServerError(
-                f"{CONSUMER_FINISHED} node {self.node_id}'s main has returned and consumes no "
-                f"more data (epoch {epoch}, partition {partition})"
+                f"{Refusal.CONSUMER_FINISHED.value} node {self.node_id}'s main has returned and "
+                f"consumes no more data (epoch {epoch}, partition {partition})"
+            ) from None
+        except EpochClosed:
+            raise flight.FlightServerError(
+                f"{Refusal.EPOCH_CLOSED.value} node {self.node_id} has ended its pass over epoch "
+                f"{epoch} (partition {partition})"
             ) from None
         except FeedStopped:
             raise flight.FlightServerError(
-                f"{NODE_STOPPING} node {self.node_id} is shutting down"
+                f"{Refusal.NODE_STOPPING.value} node {self.node_id} is shutting down"
             ) from None
         except FeedError as e:
             raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
-        writer.write(pa.py_buffer(json.dumps({"accepted": rows}).encode()))
+        writer.write(pa.py_buffer(PutReply(rows).encode()))
 
     def do_exchange(self, context, descriptor, reader, writer):  # type: ignore[override]
         started = False
@@ -157,27 +162,25 @@ class NodeServer(flight.FlightServerBase):
     # -- control ----------------------------------------------------------------------------
     def do_action(self, context, action):  # type: ignore[override]
         body = json.loads(action.body.to_pybytes() or b"{}")
-        name = action.type
-        if name == "ping":
+        try:
+            name = Action(action.type)
+        except ValueError:
+            raise flight.FlightServerError(f"node {self.node_id}: unknown action {action.type!r}") from None
+        if name is Action.PING:
             return json_result({"node_id": self.node_id, "main": self.main_state})
-        if name == "begin_epoch":
-            schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(body["schema"])))
+        if name is Action.BEGIN_EPOCH:
+            begin = BeginEpoch.from_json(body)
             self.buffer.begin_epoch(
-                EpochInfo(
-                    epoch=int(body["epoch"]),
-                    schema=schema,
-                    shapes={k: tuple(v) for k, v in body.get("shapes", {}).items()},
-                )
+                EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
+                          shapes=dict(begin.shapes))
             )
             return json_result({"ok": True, "main": self.main_state})
-        if name == "end_epoch":
+        if name is Action.END_EPOCH:
             self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
             return json_result({"ok": True})
-        if name == "epoch_rows":
-            return json_result(
-                {"rows": self.buffer.epoch_rows(int(body["epoch"])), "main": self.main_state}
-            )
-        if name == "metrics":
+        if name is Action.EPOCH_STATE:
+            return json_result(dict(self.buffer.epoch_state(int(body["epoch"])), main=self.main_state))
+        if name is Action.METRICS:
             m = self.buffer.snapshot()
             m["inference_rows"] = self.broker.rows
             m["inference_batches"] = self.broker.batches
@@ -187,7 +190,7 @@ class NodeServer(flight.FlightServerBase):
             m["idle"] = self.buffer.idle_waiters > 0 or self.broker.serving
             m["time"] = time.time()
             return json_result(m)
-        if name == "shutdown":
+        if name is Action.SHUTDOWN:
             threading.Thread(target=self._on_shutdown, daemon=True).start()
             return json_result({"ok": True})
-        raise flight.FlightServerError(f"node {self.node_id}: unknown action {name!r}")
+        raise flight.FlightServerError(f"node {self.node_id}: unhandled action {name.value!r}")

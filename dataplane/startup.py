@@ -162,7 +162,8 @@ def run(
     job = SparkJob(spark, f"dataplane: start {num_nodes} TF nodes", launch_df.collect)
     cluster = Cluster(
         spark, control, secret=secret, cluster_id=cluster_id, node_timeout=node_timeout,
-        max_chunk_bytes=max_chunk_bytes, tls_root=tls[0] if tls else None, launch_job=job,
+        max_chunk_bytes=max_chunk_bytes, buffer_bytes=int(buffer_bytes),
+        tls_root=tls[0] if tls else None, launch_job=job,
         log_dir=log_dir,
     )
     try:

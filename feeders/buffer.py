@@ -1,7 +1,8 @@
 """The node-side feed buffer: bounded in bytes, exactly once per epoch, epoch by epoch.
 
 Producers are Flight ``do_put`` streams, one per (epoch, Spark partition, task attempt); the
-consumer is the node's tf.data generator (``feeders.source``).
+consumer is the node's tf.data generator (``feeders.source``). The wire protocol, and why the
+interleaved pushing cannot deadlock, is in :mod:`feeders.protocol`.
 
 Exactly once: every partition's stream to a node is a deterministic sequence of rows (Spark
 recomputes a partition identically on retry; cache the DataFrame if its source is not
@@ -12,6 +13,11 @@ The epoch is complete when the driver says so (its Spark job has finished).
 Backpressure: a producer waits while the buffer holds ``capacity`` bytes (a single batch larger
 than the buffer is let in when the buffer is empty, so nothing deadlocks). Waiting producers watch
 the stop flag, so shutdown never hangs on a full buffer.
+
+Closing: when the consumer's pass over an epoch ends (read to its limit, or left early), the
+epoch is closed: what is queued is dropped and producers of it, waiting or new, get
+:class:`EpochClosed`, so the pushing tasks stop sending it instead of waiting for space that
+would never come.
 """
 
 from __future__ import annotations
@@ -20,14 +26,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 
 from dataplane.errors import FeedError
 from formats.schema import same_columns, schema_text
 
-__all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished"]
+__all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
 
 
 class FeedStopped(Exception):
@@ -35,7 +41,11 @@ class FeedStopped(Exception):
 
 
 class ConsumerFinished(Exception):
-    """The node's ``main`` has returned; it will consume no more data."""
+    """The node's ``main`` has returned (or serves inference): it will consume no more data."""
+
+
+class EpochClosed(Exception):
+    """The node's pass over this epoch has ended; the rest of the epoch is not wanted."""
 
 
 @dataclass
@@ -51,9 +61,15 @@ class EpochInfo:
 class _Epoch:
     info: EpochInfo
     queue: deque = field(default_factory=deque)
+    queued_bytes: int = 0
     accepted: dict[int, int] = field(default_factory=dict)  # partition -> rows accepted
+    seen: dict[int, int] = field(default_factory=dict)  # partition -> rows its task had split
     rows_in: int = 0
     limit: int | None = None  # rows every worker yields this epoch (set by the driver)
+    emitted: int = 0  # rows handed to TensorFlow
+    closed: bool = False  # the consumer's pass has ended
+    complete: bool = False  # ... by reaching the limit
+    dropped: int = 0  # rows received but never handed over (the pass left early)
 
 
 class FeedBuffer:
@@ -70,18 +86,20 @@ class FeedBuffer:
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
         self.next_epoch = 0  # the epoch the next dataset iteration will read
-        self.metrics = {
+        self.metrics: dict[str, Any] = {
             "rows_in": 0,
             "bytes_in": 0,
             "batches_in": 0,
             "rows_duplicate": 0,
             "rows_out": 0,
+            "rows_left": 0,  # received but not handed over: passes left early
             "buffer_bytes": 0,
             "buffer_peak_bytes": 0,
             "buffer_capacity": self.capacity,
             "stall_seconds": 0.0,
             "epochs_begun": 0,
             "epochs_consumed": 0,
+            "epochs_left_early": 0,
         }
 
     # -- control (driver actions) ---------------------------------------------------------
@@ -89,7 +107,10 @@ class FeedBuffer:
         with self._cond:
             if info.epoch in self._epochs:
                 return  # idempotent: the driver may retry the action
-            self._epochs[info.epoch] = _Epoch(info)
+            ep = _Epoch(info)
+            if self._consumer_done:
+                ep.closed = True
+            self._epochs[info.epoch] = ep
             self.metrics["epochs_begun"] += 1
             self._cond.notify_all()
 
@@ -107,19 +128,27 @@ class FeedBuffer:
             ep = self._epochs.get(epoch)
             return ep.rows_in if ep else 0
 
+    def epoch_state(self, epoch: int) -> dict[str, Any]:
+        """rows received, emitted, closed, complete (see ``feeders.protocol.EpochState``)."""
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            if ep is None:
+                return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False}
+            return {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
+                    "complete": ep.complete}
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
 
     def consumer_finished(self) -> None:
-        """The node's main returned: refuse further data, drop what is queued."""
+        """The node's main returned, or will read no more pushed data (it serves inference):
+        refuse further data, drop what is queued, close every open epoch."""
         with self._cond:
             self._consumer_done = True
             for ep in self._epochs.values():
-                ep.queue.clear()
-            self._bytes = 0
-            self.metrics["buffer_bytes"] = 0
+                self._close(ep)
             self._cond.notify_all()
 
     @property
@@ -127,12 +156,16 @@ class FeedBuffer:
         return self._stopped
 
     # -- producer side (do_put) --------------------------------------------------------------
-    def put_stream(self, epoch: int, partition: int, batches: Iterator[pa.RecordBatch]) -> int:
+    def put_stream(self, epoch: int, partition: int, batches: Iterator[Any]) -> int:
         """Accept one attempt's stream of a partition; returns rows accepted (after dedupe).
+
+        ``batches`` yields record batches, or ``(batch_or_None, seen)`` pairs where ``seen`` is
+        how many rows of the partition its task had split when it sent them (``None``: unknown).
 
         Raises:
             FeedStopped: the node is shutting down.
             ConsumerFinished: the node's main has returned.
+            EpochClosed: the node's pass over this epoch has ended.
             FeedError: the epoch was never announced, or the schema does not match it.
         """
         offset = 0  # rows of this attempt's stream seen so far
@@ -145,10 +178,20 @@ class FeedBuffer:
                     f"announced that epoch; this is a bug in the feeding job."
                 )
             ep.accepted.setdefault(partition, 0)
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
+            self._check_open(ep)
+        for item in batches:
+            if isinstance(item, tuple):
+                batch, seen = item
+            else:
+                batch, seen = item, None
+            if seen is not None:
+                with self._cond:
+                    if seen > ep.seen.get(partition, 0):
+                        ep.seen[partition] = seen
+                        self._cond.notify_all()
+            if batch is None or batch.num_rows == 0:
                 continue
+            n = batch.num_rows
             if not same_columns(batch.schema, ep.info.schema):
                 raise FeedError(
                     f"partition {partition} of epoch {epoch} sent columns "
@@ -158,7 +201,7 @@ class FeedBuffer:
             nbytes = batch.nbytes
             with self._cond:
                 while True:
-                    self._check_open()
+                    self._check_open(ep)
                     if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
                         break
                     # only time spent waiting on a full buffer counts, as it passes
@@ -177,6 +220,7 @@ class FeedBuffer:
                     nbytes = batch.nbytes
                 ep.accepted[partition] = end
                 ep.queue.append(batch)
+                ep.queued_bytes += nbytes
                 ep.rows_in += batch.num_rows
                 accepted += batch.num_rows
                 self._bytes += nbytes
@@ -188,14 +232,16 @@ class FeedBuffer:
                 m["buffer_peak_bytes"] = max(m["buffer_peak_bytes"], self._bytes)
                 self._cond.notify_all()
         with self._cond:
-            self._check_open()
+            self._check_open(ep)
         return accepted
 
-    def _check_open(self) -> None:
+    def _check_open(self, ep: _Epoch) -> None:
         if self._stopped:
             raise FeedStopped("the node is shutting down")
         if self._consumer_done:
             raise ConsumerFinished("the node's main has returned")
+        if ep.closed:
+            raise EpochClosed(f"the node's pass over epoch {ep.info.epoch} has ended")
 
     # -- consumer side (tf.data generator) -----------------------------------------------------
     def wait_epoch_info(self, epoch: int, timeout: float | None = None) -> EpochInfo | None:
@@ -214,15 +260,16 @@ class FeedBuffer:
             finally:
                 self.idle_waiters -= 1
 
-    def take(self, epoch: int) -> tuple[list[pa.RecordBatch], int, int | None]:
+    def take(self, epoch: int, num_workers: int = 1) -> tuple[list[pa.RecordBatch], int, int | None]:
         """Block until there is data or news for ``epoch``; take every queued batch.
 
         Returns:
             (batches, safe, limit). ``safe`` is how many rows of the epoch this node may yield
-            now without ever yielding more than any other worker: per partition the pushing task
-            keeps every worker's share within one row of the others, so each worker will end up
-            with at least ``accepted - 1`` rows of every partition. ``limit`` is the final,
-            equalised row count, set by the driver once the epoch's job has finished.
+            now without ever yielding more than any other worker: every worker ends up with at
+            least ``seen // num_workers`` rows of a partition whose task had split ``seen`` rows
+            (see :mod:`feeders.protocol`); for a partition whose task sent no such count, all
+            but one of the rows accepted. ``limit`` is the final, equalised row count, set by
+            the driver once the epoch's job has finished.
         """
         with self._cond:
             ep = self._epochs[epoch]
@@ -234,24 +281,40 @@ class FeedBuffer:
                 self._cond.wait(0.5)
             out = list(ep.queue)
             ep.queue.clear()
-            freed = sum(b.nbytes for b in out)
-            self._bytes -= freed
+            self._bytes -= ep.queued_bytes
+            ep.queued_bytes = 0
             self.metrics["buffer_bytes"] = self._bytes
-            safe = sum(max(n - 1, 0) for n in ep.accepted.values())
+            safe = 0
+            for p, n in ep.accepted.items():
+                seen = ep.seen.get(p)
+                safe += seen // num_workers if seen is not None else max(n - 1, 0)
             self._cond.notify_all()
-            return out, safe, ep.limit
+            return out, min(safe, ep.rows_in), ep.limit
 
-    def finish_epoch(self, epoch: int, rows_out: int) -> None:
+    def finish_epoch(self, epoch: int, rows_out: int, *, complete: bool = True) -> None:
+        """The consumer's pass over ``epoch`` has ended, having handed ``rows_out`` rows to
+        TensorFlow; ``complete=False``: it was left early (the rest is refused from now on)."""
         with self._cond:
             ep = self._epochs.get(epoch)
             if ep is not None:
-                self._bytes -= sum(b.nbytes for b in ep.queue)
-                ep.queue.clear()
+                ep.emitted = rows_out
+                ep.complete = complete
+                self._close(ep)
+                if not complete:
+                    self.metrics["epochs_left_early"] += 1
             self.metrics["rows_out"] += rows_out
             self.metrics["epochs_consumed"] += 1
-            self.metrics["buffer_bytes"] = self._bytes
             self._cond.notify_all()
 
-    def snapshot(self) -> dict[str, float]:
+    def _close(self, ep: _Epoch) -> None:
+        if ep.closed:
+            return
+        ep.closed = True
+        self._bytes -= ep.queued_bytes
+        ep.queued_bytes = 0
+        ep.queue.clear()
+        self.metrics["buffer_bytes"] = self._bytes
+
+    def snapshot(self) -> dict[str, Any]:
         with self._cond:
             return dict(self.metrics)

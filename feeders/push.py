@@ -1,24 +1,32 @@
 """Executor side of the push data plane: Spark partitions into the nodes' Flight servers.
 
 Both classes are the functions given to ``DataFrame.mapInArrow`` (so they also run under Spark
-Connect). They are small picklable objects; each task opens its own Flight clients.
-
-Balancing: every partition is split over the W workers row by row in contiguous slices, so that
-after every batch each worker's share of the partition is ``T // W`` or ``T // W + 1`` of the
-``T`` rows seen so far. Which workers get the extra rows rotates with the partition id.
+Connect). They are small picklable objects; each task opens its own Flight clients. What the
+streams carry, and why the interleaved sending cannot deadlock, is in :mod:`feeders.protocol`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from dataplane.errors import FeedError
+from feeders.protocol import (
+    EPOCH_PROPERTY,
+    PUSH_RESULT_FIELDS,
+    PUSH_RESULT_SCHEMA,
+    FeedCommand,
+    InferCommand,
+    PutReply,
+    Refusal,
+    encode_seen,
+    split_counts,
+)
 
 __all__ = [
     "PartitionPusher",
@@ -26,37 +34,163 @@ __all__ = [
     "PUSH_RESULT_SCHEMA",
     "EPOCH_PROPERTY",
     "split_counts",
+    "push_partition",
 ]
 
 logger = logging.getLogger(__name__)
 
-PUSH_RESULT_SCHEMA = (
-    "partition long, attempt long, node_id long, rows_sent long, rows_accepted long, "
-    "rows_unconsumed long, bytes_sent long"
-)
-_CONSUMER_FINISHED = "[dataplane:consumer-finished]"
 _NODE_HINT = (
     "If the node died, cluster.metrics() and cluster.shutdown() on the driver report its error "
     "(a NodeError with its traceback); otherwise check that executors can reach it."
 )
-# Spark job-local property carrying the epoch, so one push DataFrame serves every epoch.
-EPOCH_PROPERTY = "dataplane.push.epoch"
 
 
-def split_counts(total: int, workers: int, rotation: int) -> list[int]:
-    """Each worker's share of the first ``total`` rows of a partition (differ by at most 1)."""
-    base, extra = divmod(total, workers)
-    return [base + (1 if (k - rotation) % workers < extra else 0) for k in range(workers)]
-
-
-def _chunks(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+def _chunks(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
     n = batch.num_rows
     if n == 0:
-        return
+        return []
     per_row = max(1, batch.nbytes // n)
     step = max(1, max_bytes // per_row)
-    for start in range(0, n, step):
-        yield batch.slice(start, step)
+    return [batch.slice(start, step) for start in range(0, n, step)]
+
+
+@dataclass
+class _Stream:
+    """One task's ``do_put`` stream to one worker node."""
+
+    node: int
+    loc: str
+    writer: object = None
+    meta: object = None
+    client: object = None
+    sent: int = 0
+    bytes: int = 0
+    refused: int = 0
+    accepted: int = 0
+    open: bool = True
+    pending: deque = field(default_factory=deque)  # chunks of the current batch not yet written
+
+
+@dataclass
+class _Push:
+    """What one task's push needs besides its rows (see :func:`push_partition`)."""
+
+    secret: str
+    epoch: int
+    partition: int
+    attempt: int
+    locations: Sequence[tuple[int, str]]
+    schema: pa.Schema
+    chunk_bytes: int
+    timeout: float | None
+    tls_root_certs: bytes | None
+
+
+def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[int, ...]]:
+    """Push one partition's rows to every worker; returns one result row per worker
+    (:data:`feeders.protocol.PUSH_RESULT_FIELDS`).
+
+    Each Arrow batch is split over the workers (:func:`split_counts`) and the slices are sent
+    as chunks interleaved across workers, each chunk tagged with the rows split so far. A node
+    that refuses the stream (its pass over the epoch ended, or its main returned) gets nothing
+    more; its remaining rows are counted in ``rows_refused``.
+    """
+    from dataplane.rpc import call_options, task_client
+
+    w = len(p.locations)
+    opts = call_options(p.secret, p.timeout)
+    streams: list[_Stream] = []
+    cmd = FeedCommand(p.epoch, p.partition, p.attempt).encode()
+    for node_id, loc in p.locations:
+        s = _Stream(node_id, loc)
+        try:
+            s.client = task_client(loc, tls_root_certs=p.tls_root_certs)
+            s.writer, s.meta = s.client.do_put(
+                flight.FlightDescriptor.for_command(cmd), p.schema, options=opts
+            )
+        except flight.FlightError as e:
+            raise _error(p, s, e) from e
+        streams.append(s)
+    total = 0
+    counts = [0] * w
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        if not batch.schema.equals(p.schema, check_metadata=False):
+            # same columns, different nullability flags: relabel so the stream is uniform
+            batch = pa.RecordBatch.from_arrays(batch.columns, schema=p.schema)
+        total += batch.num_rows
+        targets = split_counts(total, w, p.partition)
+        offset = 0
+        for k, s in enumerate(streams):
+            size = targets[k] - counts[k]
+            counts[k] = targets[k]
+            if size:
+                if s.open:
+                    s.pending = deque(_chunks(batch.slice(offset, size), p.chunk_bytes))
+                else:
+                    s.refused += size
+            offset += size
+        seen = encode_seen(total)
+        # one chunk per worker in turn: no worker gets ahead of another by more than a chunk
+        while True:
+            wrote = False
+            for s in streams:
+                if not s.pending:
+                    continue
+                chunk = s.pending.popleft()
+                wrote = True
+                if not s.open:
+                    s.refused += chunk.num_rows
+                    continue
+                try:
+                    s.writer.write_with_metadata(chunk, pa.py_buffer(seen))
+                except flight.FlightError as e:
+                    _refused_or_raise(p, s, e)
+                    s.refused += chunk.num_rows + sum(c.num_rows for c in s.pending)
+                    s.pending.clear()
+                    continue
+                s.sent += chunk.num_rows
+                s.bytes += chunk.nbytes
+            if not wrote:
+                break
+    final = pa.py_buffer(encode_seen(total))
+    for s in streams:
+        if not s.open:
+            continue
+        try:
+            s.writer.write_metadata(final)
+            s.writer.done_writing()
+            buf = s.meta.read()
+            if buf is not None:
+                s.accepted = PutReply.decode(buf.to_pybytes()).accepted
+            s.writer.close()
+        except flight.FlightError as e:
+            _refused_or_raise(p, s, e)
+    return [(p.partition, p.attempt, s.node, s.sent, s.accepted, s.refused, s.bytes) for s in streams]
+
+
+def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
+    """A write or close failed: if the node refused the stream, close it here; else raise."""
+    why = Refusal.find(str(e))
+    if why is None:
+        # the server's status may only show once the stream is closed
+        try:
+            s.writer.close()
+        except flight.FlightError as e2:
+            why = Refusal.find(str(e2))
+    if why is not None and why.ends_stream_only:
+        s.open = False
+        return
+    raise _error(p, s, e) from e
+
+
+def _error(p: _Push, s: _Stream, e: Exception) -> FeedError:
+    return FeedError(
+        f"pushing partition {p.partition} (attempt {p.attempt}) of epoch {p.epoch} to node "
+        f"{s.node} at {s.loc} failed: {type(e).__name__}: {e}. If the node died, the driver "
+        f"reports its error; otherwise check that executors can reach {s.loc}."
+    )
 
 
 @dataclass
@@ -65,7 +199,8 @@ class PartitionPusher:
 
     ``epoch=None`` reads the epoch from the job's :data:`EPOCH_PROPERTY` local property (set by
     the driver for each epoch's job), so the same function, and the same DataFrame, can push
-    every epoch.
+    every epoch. ``chunk_bytes`` is the largest message a task sends
+    (:func:`feeders.protocol.chunk_bytes`).
     """
 
     secret: str
@@ -80,7 +215,6 @@ class PartitionPusher:
         from pyspark import TaskContext
 
         from dataplane.executor import prepare_task
-        from dataplane.rpc import call_options, task_client
 
         prepare_task()
         tc = TaskContext.get()
@@ -94,92 +228,16 @@ class PartitionPusher:
                     f"push jobs are started by cluster.train, not run directly."
                 )
             epoch = int(prop)
-        schema = pa.ipc.read_schema(pa.py_buffer(self.schema_ipc))
-        w = len(self.locations)
-        opts = call_options(self.secret, self.timeout)
-        streams = []
-        for node_id, loc in self.locations:
-            cmd = {"kind": "feed", "epoch": epoch, "partition": part, "attempt": attempt}
-            try:
-                client = task_client(loc, tls_root_certs=self.tls_root_certs)
-                writer, meta = client.do_put(
-                    flight.FlightDescriptor.for_command(json.dumps(cmd)), schema, options=opts
-                )
-            except flight.FlightError as e:
-                raise self._error(node_id, loc, part, attempt, epoch, e) from e
-            streams.append({"node": node_id, "loc": loc, "client": client, "writer": writer,
-                            "meta": meta, "sent": 0, "bytes": 0, "unconsumed": 0, "open": True})
-        total = 0
-        counts = [0] * w
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            if not batch.schema.equals(schema, check_metadata=False):
-                # same columns, different nullability flags: relabel so the stream is uniform
-                batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-            total += batch.num_rows
-            targets = split_counts(total, w, part)
-            offset = 0
-            for k, s in enumerate(streams):
-                size = targets[k] - counts[k]
-                counts[k] = targets[k]
-                piece = batch.slice(offset, size)
-                offset += size
-                if not size:
-                    continue
-                if not s["open"]:
-                    s["unconsumed"] += size
-                    continue
-                sent_piece = 0
-                for chunk in _chunks(piece, self.max_chunk_bytes):
-                    try:
-                        s["writer"].write_batch(chunk)
-                    except flight.FlightError as e:
-                        if _CONSUMER_FINISHED in str(e) or self._finished(s):
-                            s["open"] = False
-                            s["unconsumed"] += size - sent_piece
-                            break
-                        raise self._error(s["node"], s["loc"], part, attempt, epoch, e) from e
-                    sent_piece += chunk.num_rows
-                    s["sent"] += chunk.num_rows
-                    s["bytes"] += chunk.nbytes
-        rows_out = []
-        for s in streams:
-            accepted = 0
-            if s["open"]:
-                try:
-                    s["writer"].done_writing()
-                    buf = s["meta"].read()
-                    if buf is not None:
-                        accepted = int(json.loads(buf.to_pybytes())["accepted"])
-                    s["writer"].close()
-                except flight.FlightError as e:
-                    if _CONSUMER_FINISHED in str(e):
-                        s["open"] = False
-                    else:
-                        raise self._error(s["node"], s["loc"], part, attempt, epoch, e) from e
-            rows_out.append(
-                (part, attempt, s["node"], s["sent"], accepted, s["unconsumed"], s["bytes"])
-            )
-        names = ["partition", "attempt", "node_id", "rows_sent", "rows_accepted",
-                 "rows_unconsumed", "bytes_sent"]
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([r[i] for r in rows_out], pa.int64()) for i in range(len(names))], names=names
+        job = _Push(
+            secret=self.secret, epoch=epoch, partition=part, attempt=attempt,
+            locations=self.locations, schema=pa.ipc.read_schema(pa.py_buffer(self.schema_ipc)),
+            chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
+            tls_root_certs=self.tls_root_certs,
         )
-
-    def _finished(self, s) -> bool:  # type: ignore[no-untyped-def]
-        """After a write error, ask the stream for the server's status message."""
-        try:
-            s["writer"].close()
-        except flight.FlightError as e:
-            return _CONSUMER_FINISHED in str(e)
-        return False
-
-    def _error(self, node_id: int, loc: str, part: int, attempt: int, epoch: int, e: Exception) -> FeedError:
-        return FeedError(
-            f"pushing partition {part} (attempt {attempt}) of epoch {epoch} to node "
-            f"{node_id} at {loc} failed: {type(e).__name__}: {e}. If the node died, the driver "
-            f"reports its error; otherwise check that executors can reach {loc}."
+        rows = push_partition(batches, job)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([r[i] for r in rows], pa.int64()) for i in range(len(PUSH_RESULT_FIELDS))],
+            names=list(PUSH_RESULT_FIELDS),
         )
 
 
@@ -208,7 +266,7 @@ class PartitionInferrer:
         out_schema = pa.ipc.read_schema(pa.py_buffer(self.output_schema_ipc))
         out_names = [f.name for f in out_schema if f.name not in self.passthrough]
         client = task_client(loc, tls_root_certs=self.tls_root_certs)
-        desc = flight.FlightDescriptor.for_command(json.dumps({"kind": "infer", "partition": part}))
+        desc = flight.FlightDescriptor.for_command(InferCommand(partition=part).encode())
         try:
             writer, reader = client.do_exchange(desc, options=call_options(self.secret, self.timeout))
         except flight.FlightError as e:

@@ -69,9 +69,10 @@ def iterate_epoch(
     pending: list[pa.RecordBatch] = []
     pending_rows = received = emitted = 0
     limit: int | None = None
+    complete = False
     try:
         while True:
-            batches, safe_rows, limit = buffer.take(epoch)
+            batches, safe_rows, limit = buffer.take(epoch, num_workers)
             for b in batches:
                 pending.append(b)
                 pending_rows += b.num_rows
@@ -96,11 +97,14 @@ def iterate_epoch(
                     table, pending = _take_rows(pending, tail)
                     emitted += tail
                     yield convert(table)
+                complete = True
                 return
     except FeedStopped:
         return
     finally:
-        buffer.finish_epoch(epoch, emitted)
+        # Also when the pass is left early (GeneratorExit: break, take, steps_per_epoch, a
+        # dropped iterator): the buffer then refuses the rest of this epoch at once.
+        buffer.finish_epoch(epoch, emitted, complete=complete)
 
 
 def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[str, Any]]:
@@ -166,11 +170,14 @@ def push_dataset(
     prefetch: int = 2,
     first_epoch_timeout: float | None = None,
     next_epoch: Callable[[], int],
+    repeat: bool = False,
 ):
     """Build the ``tf.data.Dataset`` behind ``ctx.dataset()``.
 
     Blocks until the driver announces the first epoch (``cluster.train``), because the tensor
-    specs come from the pushed DataFrame's schema.
+    specs come from the pushed DataFrame's schema. With ``repeat=True`` one pass yields the
+    pushed epochs back to back (each epoch batched on its own, so every worker still yields the
+    same batches), ending when the node shuts down.
     """
     import tensorflow as tf
 
@@ -199,18 +206,18 @@ def push_dataset(
     convert = _tensor_converter(specs)
     epoch_schema = info.schema
 
-    def generator() -> Iterator[dict[str, Any]]:
+    def one_epoch() -> Iterator[dict[str, Any]] | None:
         epoch = next_epoch()
         got = buffer.wait_epoch_info(epoch)
         if got is None:
-            return
+            return None
         if not same_columns(got.schema, epoch_schema):
             raise FeedError(
                 f"epoch {epoch} was pushed with columns ({schema_text(got.schema)}), but this "
                 f"dataset was built for ({schema_text(epoch_schema)}); call ctx.dataset() again "
                 f"for a differently shaped feed."
             )
-        yield from iterate_epoch(
+        return iterate_epoch(
             buffer,
             epoch,
             batch_size=int(batch_size),
@@ -219,6 +226,15 @@ def push_dataset(
             convert=convert,
             batches_per_item=per_item,
         )
+
+    def generator() -> Iterator[dict[str, Any]]:
+        while True:
+            items = one_epoch()
+            if items is None:
+                return
+            yield from items
+            if not repeat:
+                return
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = generator_dataset(generator, signature)

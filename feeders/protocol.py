@@ -1,0 +1,236 @@
+"""What pushing tasks, the driver and a node say to each other: the push protocol's one home.
+
+Three parties talk over Arrow Flight:
+
+* a **pushing task** (an executor running ``mapInArrow``) opens one ``do_put`` stream per worker
+  node for its partition, described by a :class:`FeedCommand`; inference tasks open a
+  ``do_exchange`` stream described by an :class:`InferCommand`;
+* the **driver** sends JSON control actions (:class:`Action`) to every node;
+* the **node** answers, and refuses a stream with a message carrying a :class:`Refusal` marker
+  that the task recognises (Flight carries only a status and a message across).
+
+Flow control (why it cannot deadlock): every Arrow batch of a partition is split over the W
+workers (contiguous slices; after every batch each worker's share of the partition is ``T // W``
+or ``T // W + 1`` of the ``T`` rows seen so far), and the slices are written **interleaved**, one
+chunk per worker in turn. So within one task no worker is ever more than one chunk ahead of
+another, and a full buffer on one node holds back at most one chunk that another node needs.
+Chunks are sized so that the chunks of every concurrently running task together stay well
+under a node's buffer (:func:`chunk_bytes`): a worker whose buffer is full is then always far
+enough ahead of every other worker that they all can take their next step, which is what
+MultiWorkerMirroredStrategy's collectives need.
+
+Every chunk carries, as Flight ``app_metadata``, the number of the partition's rows the task had
+seen when it split them (:func:`encode_seen`); a stream ends with a metadata-only message of the
+partition's total. Each worker ends up with at least ``seen // W`` rows of that partition, which
+is how a node knows, while the epoch is still streaming, how many rows it may yield without ever
+yielding more than another worker (equal batch counts under MWMS).
+
+Leaving an epoch early: when a node's pass over an epoch ends before the epoch does (``break``,
+``take``, ``steps_per_epoch``, an iterator dropped), the node closes that epoch: streams of it
+are refused with :attr:`Refusal.EPOCH_CLOSED` and the task stops sending that epoch to that node
+and counts the rest as refused (``rows_refused``), instead of waiting for buffer space that
+would never come.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "FeedCommand",
+    "InferCommand",
+    "Action",
+    "Refusal",
+    "BeginEpoch",
+    "EpochState",
+    "PutReply",
+    "PUSH_RESULT_SCHEMA",
+    "PUSH_RESULT_FIELDS",
+    "EPOCH_PROPERTY",
+    "encode_seen",
+    "decode_seen",
+    "chunk_bytes",
+    "split_counts",
+]
+
+# Spark job-local property carrying the epoch, so one push DataFrame serves every epoch.
+EPOCH_PROPERTY = "dataplane.push.epoch"
+
+# What every pushing task returns, one row per worker node.
+PUSH_RESULT_FIELDS = (
+    "partition", "attempt", "node_id", "rows_sent", "rows_accepted", "rows_refused", "bytes_sent",
+)
+PUSH_RESULT_SCHEMA = ", ".join(f"{name} long" for name in PUSH_RESULT_FIELDS)
+
+
+def _descriptor(kind: str, body: dict[str, Any]) -> bytes:
+    return json.dumps(dict(body, kind=kind)).encode()
+
+
+def _parse(raw: bytes | str) -> dict[str, Any]:
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"not a dataplane stream descriptor: {raw!r:.200}") from e
+
+
+@dataclass(frozen=True)
+class FeedCommand:
+    """Descriptor of one ``do_put`` stream: one attempt's rows of one partition for one node."""
+
+    epoch: int
+    partition: int
+    attempt: int
+    KIND = "feed"
+
+    def encode(self) -> bytes:
+        return _descriptor(self.KIND, asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> "FeedCommand":
+        d = _parse(raw)
+        if d.get("kind") != cls.KIND:
+            raise ValueError(f"expected a {cls.KIND!r} stream, got {d.get('kind')!r}")
+        return cls(int(d["epoch"]), int(d["partition"]), int(d.get("attempt", 0)))
+
+
+@dataclass(frozen=True)
+class InferCommand:
+    """Descriptor of one ``do_exchange`` stream of inference requests."""
+
+    partition: int | None = None
+    probe: bool = False
+    KIND = "infer"
+
+    def encode(self) -> bytes:
+        return _descriptor(self.KIND, asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> "InferCommand":
+        d = _parse(raw)
+        if d.get("kind") != cls.KIND:
+            raise ValueError(f"expected an {cls.KIND!r} stream, got {d.get('kind')!r}")
+        p = d.get("partition")
+        return cls(None if p is None else int(p), bool(d.get("probe", False)))
+
+
+class Action(str, enum.Enum):
+    """Control actions the driver sends to a node (``do_action`` types)."""
+
+    PING = "ping"
+    BEGIN_EPOCH = "begin_epoch"  # BeginEpoch -> {"main"}
+    EPOCH_STATE = "epoch_rows"  # {"epoch"} -> EpochState
+    END_EPOCH = "end_epoch"  # {"epoch", "limit"}: rows every consuming worker yields
+    METRICS = "metrics"
+    SHUTDOWN = "shutdown"
+
+
+class Refusal(str, enum.Enum):
+    """Why a node refused a stream: a marker in the Flight error's message."""
+
+    CONSUMER_FINISHED = "[dataplane:consumer-finished]"  # main returned or stopped reading
+    EPOCH_CLOSED = "[dataplane:epoch-closed]"  # the node's pass over this epoch has ended
+    NODE_STOPPING = "[dataplane:node-stopping]"  # the node is shutting down
+
+    @property
+    def ends_stream_only(self) -> bool:
+        """The task just stops sending to this node (the rest counts as refused)."""
+        return self in (Refusal.CONSUMER_FINISHED, Refusal.EPOCH_CLOSED)
+
+    @classmethod
+    def find(cls, text: str) -> "Refusal | None":
+        for r in cls:
+            if r.value in text:
+                return r
+        return None
+
+
+@dataclass(frozen=True)
+class BeginEpoch:
+    """``begin_epoch``: the epoch's id, Arrow schema and fixed array lengths."""
+
+    epoch: int
+    schema_ipc: bytes
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "schema": self.schema_ipc.hex(),
+                "shapes": {k: list(v) for k, v in self.shapes.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "BeginEpoch":
+        return cls(int(d["epoch"]), bytes.fromhex(d["schema"]),
+                   {k: tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()})
+
+
+@dataclass(frozen=True)
+class EpochState:
+    """A node's view of one epoch (reply to ``epoch_rows``).
+
+    ``rows`` received (after dedupe), ``emitted`` handed to TensorFlow so far, ``closed``: the
+    node's pass over the epoch has ended (read to its limit, left early, or main returned),
+    ``complete``: it ended by reaching the limit, ``main``: running | finished | failed.
+    """
+
+    rows: int
+    emitted: int
+    closed: bool
+    complete: bool
+    main: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "EpochState":
+        return cls(int(d["rows"]), int(d.get("emitted", 0)), bool(d.get("closed", False)),
+                   bool(d.get("complete", False)), str(d.get("main", "running")))
+
+
+@dataclass(frozen=True)
+class PutReply:
+    """What a node answers at the end of a ``do_put`` stream."""
+
+    accepted: int
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "PutReply":
+        return cls(int(json.loads(raw)["accepted"]))
+
+
+_SEEN = struct.Struct("<q")
+
+
+def encode_seen(rows_seen: int) -> bytes:
+    """A chunk's ``app_metadata``: rows of the partition the task had seen when it split them."""
+    return _SEEN.pack(rows_seen)
+
+
+def decode_seen(meta: Any) -> int | None:
+    if meta is None:
+        return None
+    raw = meta.to_pybytes() if hasattr(meta, "to_pybytes") else bytes(meta)
+    if len(raw) != _SEEN.size:
+        return None
+    return _SEEN.unpack(raw)[0]
+
+
+def split_counts(total: int, workers: int, rotation: int) -> list[int]:
+    """Each worker's share of the first ``total`` rows of a partition (differ by at most 1)."""
+    base, extra = divmod(total, workers)
+    return [base + (1 if (k - rotation) % workers < extra else 0) for k in range(workers)]
+
+
+def chunk_bytes(buffer_bytes: int, concurrent_tasks: int, max_chunk_bytes: int) -> int:
+    """Largest chunk a task sends: the chunks of all concurrently pushing tasks together take
+    at most a quarter of a node's buffer (see the module docstring), and never more than
+    ``max_chunk_bytes``."""
+    share = buffer_bytes // (4 * max(1, concurrent_tasks))
+    return max(1, min(max_chunk_bytes, share))
