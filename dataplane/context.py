@@ -73,10 +73,7 @@ class NodeContext:
         return self._stop.is_set()
 
     def _next_epoch(self) -> int:
-        with self._epoch_lock:
-            e = self._buffer.next_epoch
-            self._buffer.next_epoch += 1
-            return e
+        return self._buffer.claim_epoch()
 
     def dataset(
         self,

@@ -294,20 +294,23 @@ class Feeder:
         deadline = t0 + feed_timeout
         report = FeedReport(0, 0, 0.0, {}, 0)
         books: list[_Epoch] = []
+        workers = self._live_workers()
+        if not workers:
+            raise FeedError(
+                "train(): every chief and worker's main has returned (or failed), so nothing "
+                "would read the data; cluster.shutdown() reports how each main ended."
+            )
+        # Every epoch of this call is announced up front: a node whose repeat=True stream ends
+        # (fit with steps_per_epoch done before the data) closes all of them at once, and no
+        # later epoch of this call can be mistaken for the next program step's data.
         for _ in range(num_epochs):
-            workers = self._live_workers()
-            if not workers:
-                report.messages.append(
-                    "every worker's main has returned; the remaining epochs were not pushed"
-                )
-                logger.warning(report.messages[-1])
-                break
-            ep = _Epoch(self._epoch, workers)
+            books.append(_Epoch(self._epoch, list(workers)))
             self._epoch += 1
-            books.append(ep)
-            report.epochs.append(ep.epoch)
+        for ep in books:
             begin = BeginEpoch(ep.epoch, schema_ipc, shapes).to_json()
             self._each(workers, Action.BEGIN_EPOCH, lambda n: begin)
+        for ep in books:
+            report.epochs.append(ep.epoch)
             pushed, properties = self._push_frame_for(df, workers, schema_ipc, ep.epoch)
             job = SparkJob(self.spark, f"dataplane: push epoch {ep.epoch}", pushed.collect, properties)
             rows = self._wait(job, deadline, f"pushing epoch {ep.epoch}", feed_timeout)
@@ -356,11 +359,20 @@ class Feeder:
                 if err is not None:
                     raise err
                 if time.monotonic() > deadline:
-                    raise self._timeout(f"consuming epoch {ep.epoch}", timeout)
+                    idle = sorted(nid for nid, st in states.items()
+                                  if not st.closed and st.main == "running" and st.emitted == 0)
+                    raise FeedError(
+                        f"epoch {ep.epoch} was pushed, but node(s) {idle or sorted(states)} did not "
+                        f"finish reading it within feed_timeout={timeout:.0f} s. A program that "
+                        f"reads fewer epochs than train(num_epochs=...) pushes leaves the rest "
+                        f"unread: read one pass per pushed epoch, use ctx.dataset(repeat=True), "
+                        f"or return from main when done."
+                    )
                 time.sleep(0.05)
                 continue
             pending.pop(0)
-            left_early = []
+            left_early: dict[int, int] = {}
+            returned: dict[int, int] = {}
             for n in ep.workers:
                 nid, st = n.node_id, states[n.node_id]
                 assigned = ep.assigned.get(nid, 0)
@@ -376,13 +388,20 @@ class Feeder:
                 else:
                     left = assigned - st.emitted
                     if left:
-                        left_early.append(nid)
+                        (returned if st.main != "running" else left_early)[nid] = left
                 if left:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
+            if returned:
+                msg = (
+                    f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "
+                    f"was still being pushed; {sum(returned.values())} row(s) were not consumed."
+                )
+                report.messages.append(msg)
+                logger.warning(msg)
             if left_early:
                 msg = (
-                    f"epoch {ep.epoch}: node(s) {left_early} ended their pass early (or their "
-                    f"main returned); the rest of the epoch was not sent to them."
+                    f"epoch {ep.epoch}: node(s) {sorted(left_early)} ended their pass early; the "
+                    f"remaining {sum(left_early.values())} row(s) were not sent to them."
                 )
                 report.messages.append(msg)
                 logger.info(msg)

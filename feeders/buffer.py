@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from dataplane.errors import FeedError
+from formats.errors import FeedError
 from formats.schema import same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
@@ -113,6 +113,30 @@ class FeedBuffer:
             self._epochs[info.epoch] = ep
             self.metrics["epochs_begun"] += 1
             self._cond.notify_all()
+
+    def claim_epoch(self) -> int:
+        """The epoch the next pass over the pushed data reads (each pass claims the next)."""
+        with self._cond:
+            e = self.next_epoch
+            self.next_epoch += 1
+            return e
+
+    def skip_announced(self) -> list[int]:
+        """Close every announced epoch no pass has claimed yet, and move past them.
+
+        A ``repeat=True`` stream is the node's whole feed: when it is dropped (``fit`` with
+        ``steps_per_epoch`` done before the data is), the epochs already pushed for it will
+        never be read, and their pushes must not wait for a reader. Returns the epochs closed.
+        """
+        with self._cond:
+            skipped = sorted(e for e in self._epochs if e >= self.next_epoch)
+            for e in skipped:
+                self._close(self._epochs[e])
+            if skipped:
+                self.next_epoch = skipped[-1] + 1
+                self.metrics["epochs_left_early"] += len(skipped)
+            self._cond.notify_all()
+            return skipped
 
     def end_epoch(self, epoch: int, limit: int) -> None:
         """Set how many rows this node yields for ``epoch`` (equal on every worker)."""

@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from dataplane.errors import FeedError
+from formats.errors import FeedError
 from feeders.protocol import (
     EPOCH_PROPERTY,
     PUSH_RESULT_FIELDS,
@@ -95,7 +95,7 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
     that refuses the stream (its pass over the epoch ended, or its main returned) gets nothing
     more; its remaining rows are counted in ``rows_refused``.
     """
-    from dataplane.rpc import call_options, task_client
+    from feeders.flight import call_options, task_client
 
     w = len(p.locations)
     opts = call_options(p.secret, p.timeout)
@@ -214,7 +214,7 @@ class PartitionPusher:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from dataplane.executor import prepare_task
+        from formats.sparktask import prepare_task
 
         prepare_task()
         tc = TaskContext.get()
@@ -257,8 +257,8 @@ class PartitionInferrer:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        from dataplane.executor import prepare_task
-        from dataplane.rpc import call_options, task_client
+        from formats.sparktask import prepare_task
+        from feeders.flight import call_options, task_client
 
         prepare_task()
         part = TaskContext.get().partitionId()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import FeedError, SchemaError
+from formats.errors import FeedError, SchemaError
 from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
 from feeders.generator import generator_dataset
 from formats.schema import ColumnSpec, RaggedColumn, column_specs, same_columns, schema_text, tf_spec, to_numpy
@@ -228,13 +228,21 @@ def push_dataset(
         )
 
     def generator() -> Iterator[dict[str, Any]]:
-        while True:
+        if not repeat:
             items = one_epoch()
-            if items is None:
-                return
-            yield from items
-            if not repeat:
-                return
+            if items is not None:
+                yield from items
+            return
+        try:
+            while True:
+                items = one_epoch()
+                if items is None:
+                    return
+                yield from items
+        finally:
+            # the stream was the node's feed: epochs pushed for it that it never reached
+            # must not wait for a reader
+            buffer.skip_announced()
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = generator_dataset(generator, signature)

@@ -1,0 +1,119 @@
+"""Training programs written the ways users write them, for the push plane's loop tests.
+
+``loops_main`` runs a list of scenarios, one per ``cluster.train`` call on the driver; each
+scenario reads the pushed data with one consumption pattern and writes what the program saw to
+``node<id>-s<j>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+
+
+def _write(path: str, obj) -> None:  # type: ignore[no-untyped-def]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+class _Seen:
+    """Ids a program saw, per epoch of its own loop (thread-safe: tf.data calls from threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.epochs: list[list[int]] = [[]]
+        self.batches: list[int] = [0]
+
+    def add(self, ids) -> None:  # type: ignore[no-untyped-def]
+        with self.lock:
+            self.epochs[-1].extend(int(i) for i in np.asarray(ids).reshape(-1))
+            self.batches[-1] += 1
+
+    def next_epoch(self) -> None:
+        self.epochs.append([])
+        self.batches.append(0)
+
+    def result(self) -> dict:
+        return {"epochs": self.epochs, "batches": self.batches}
+
+
+def loops_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 fit fails under MWMS
+    import tensorflow as tf
+    import tf_keras as keras
+
+    import feeders
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if ctx.num_workers > 1 else None
+    for j, sc in enumerate(args["scenarios"]):
+        pattern, epochs, k, bs = sc["pattern"], sc["epochs"], sc["k"], sc["batch_size"]
+        seen = _Seen()
+        ds = ctx.dataset(bs, features=["id", "x"], label="label", repeat=pattern == "fit_steps")
+
+        def model_and_data(d):  # type: ignore[no-untyped-def]
+            def record(ids, x):  # type: ignore[no-untyped-def]
+                seen.add(ids.numpy())
+                return x
+
+            def to_xy(f, y):  # type: ignore[no-untyped-def]
+                x = tf.py_function(record, [f["id"], f["x"]], tf.float32)
+                x.set_shape(f["x"].shape)
+                return x, y
+
+            scope = strategy.scope() if strategy is not None else _nullscope()
+            with scope:
+                model = keras.Sequential([keras.layers.Input((sc["width"],)), keras.layers.Dense(2)])
+                model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return model, d.map(to_xy)
+
+        if pattern == "full":
+            for e in range(epochs):
+                for f, _ in ds:
+                    seen.add(f["id"].numpy())
+                seen.next_epoch()
+        elif pattern == "break":
+            for e in range(epochs):
+                for i, (f, _) in enumerate(ds):
+                    seen.add(f["id"].numpy())
+                    if i + 1 == k:
+                        break
+                seen.next_epoch()
+        elif pattern == "take":
+            for e in range(epochs):
+                for f, _ in ds.take(k):
+                    seen.add(f["id"].numpy())
+                seen.next_epoch()
+        elif pattern == "fit_steps":
+            model, data = model_and_data(ds)
+            model.fit(data, epochs=sc["fit_epochs"], steps_per_epoch=k, verbose=0)
+        elif pattern == "evaluate_steps":
+            model, data = model_and_data(ds)
+            for _ in range(epochs // 2):
+                model.fit(data, epochs=1, verbose=0)
+                seen.next_epoch()
+                model.evaluate(data, steps=k, verbose=0)
+                seen.next_epoch()
+        elif pattern == "fit_validation_pull":
+            model, data = model_and_data(ds)
+            val = feeders.parquet_dataset(args["validation"], batch_size=bs, columns=["x", "label"],
+                                          label="label").map(lambda f, y: (f["x"], y))
+            hist = model.fit(data, epochs=epochs, validation_data=val, verbose=0)
+            seen.val_loss = [float(v) for v in hist.history["val_loss"]]  # type: ignore[attr-defined]
+        else:
+            raise ValueError(f"unknown pattern {pattern!r}")
+        out = seen.result()
+        out["val_loss"] = getattr(seen, "val_loss", None)
+        _write(os.path.join(args["dir"], f"node{ctx.node_id}-s{j}.json"), out)
+
+
+class _nullscope:
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *a):  # type: ignore[no-untyped-def]
+        return False
