@@ -10,7 +10,7 @@ from dataplane.compat import InputMode, TFCluster, rdd_to_dataframe
 from dataplane.compat_node import decode_rows
 from dataplane.errors import ClusterStateError, SchemaError
 from tests.dataplane.clusterutil import wait_json
-from tests.dataplane.workload_mains import tfos_fun
+from tests.dataplane.tfos_programs import feed_and_answer_main
 
 ELEMENTS = [([float(i), i / 2.0, -1.0], i, f"row{i}") for i in range(60)]
 
@@ -52,17 +52,19 @@ def test_tfos_program_trains_terminates_and_infers(spark, tmp_path):
     sc = spark.sparkContext
     rdd = sc.parallelize(ELEMENTS, 4)
     args = {"dir": str(tmp_path), "take": len(ELEMENTS)}
-    cluster = TFCluster.run(sc, tfos_fun, args, 1, 0, False, InputMode.SPARK, master_node="chief")
+    cluster = TFCluster.run(sc, feed_and_answer_main, args, 1, 0, False, InputMode.SPARK,
+                            master_node="chief")
     try:
         cluster.train(rdd, 1)
         info = wait_json(tmp_path / "tfos.json")
-        cluster.train(rdd, 3)  # after terminate(): the node drops these, train must not hang
+        cluster.train(rdd, 3)  # after terminate(): the node refuses these, train must not hang
         results = cluster.inference(sc.parallelize(ELEMENTS, 3)).collect()
     finally:
         cluster.shutdown(timeout=120)
     assert (info["job_name"], info["task_index"], info["worker_num"], info["num_workers"]) == (
         "chief", 0, 0, 1)
     assert list(info["cluster_spec"]) == ["chief"]
+    assert info["should_stop_after_terminate"] is False  # as TFoS: only the feed's end stops it
     # every element of the first epoch exactly once, as a tuple with an ndarray field
     assert all(r[0] == "tuple" and r[2] == "ndarray" for r in info["rows"])
     got = sorted((r[3], r[4], tuple(r[1])) for r in info["rows"])
@@ -71,9 +73,12 @@ def test_tfos_program_trains_terminates_and_infers(spark, tmp_path):
 
 
 def test_spark_only_calls_refused_in_tensorflow_mode(spark):
-    fake = TFCluster.__new__(TFCluster)
+    fake = TFCluster.TFCluster.__new__(TFCluster.TFCluster)
     fake.input_mode = InputMode.TENSORFLOW
     with pytest.raises(ClusterStateError, match="InputMode.SPARK"):
         fake.train(spark.sparkContext.parallelize([1]), 1)
+    sc = spark.sparkContext
     with pytest.raises(ValueError, match="driver_ps_nodes"):
-        TFCluster.run(spark.sparkContext, tfos_fun, {}, 1, 0, driver_ps_nodes=True)
+        TFCluster.run(sc, feed_and_answer_main, {}, 1, 0, driver_ps_nodes=True)
+    with pytest.raises(ValueError, match="eval_node"):
+        TFCluster.run(sc, feed_and_answer_main, {}, 2, 0, False, InputMode.SPARK, eval_node=True)
