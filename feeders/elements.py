@@ -126,3 +126,8 @@ def validate_reader_args(batch_size: Any, label: Any, columns: Any) -> None:
             raise ValueError(f"columns must be a list of column names, got {columns!r}.")
         if len(set(columns)) != len(list(columns)):
             raise ValueError(f"columns lists a name twice: {list(columns)!r}.")
+        if not list(columns):
+            raise ValueError(
+                "columns=[] selects no column; list the columns to read, or leave columns=None "
+                "for all of them."
+            )

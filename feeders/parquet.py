@@ -717,6 +717,18 @@ def parquet_dataset(
     wanted = list(columns) if columns is not None else list(plan.schema.names)
     if label is not None and label not in wanted:
         wanted.append(label)
+    if not wanted:
+        raise SchemaError(
+            f"{plan.location.url}: the Parquet files have no columns "
+            f"({plan.location.display(plan.files[0])} and the rest), so there is nothing to read. "
+            f"Rewrite them with at least one column (a DataFrame with no columns writes such files)."
+        )
+    if prefetch is not None and (
+        isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < tf.data.AUTOTUNE
+    ):
+        raise ValueError(
+            f"prefetch must be an int >= 0 or tf.data.AUTOTUNE (-1), got {prefetch!r}."
+        )
     try:
         specs = column_specs(plan.schema, columns=wanted, shapes=shapes, fill_values=fill_values)
     except SchemaError as exc:

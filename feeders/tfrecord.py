@@ -50,7 +50,7 @@ from feeders.elements import validate_reader_args
 from feeders.generator import generator_dataset
 from feeders.readahead import OpenAhead, ReadAheadStream
 from feeders.shard import normalize_shard, take_shard
-from formats.schema import ColumnSpec, column_specs
+from formats.schema import ColumnSpec, check_fill_value, column_specs, mapping_arg
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
 from formats.example_layout import VALUE_DTYPES, LayoutDecoder, layout_columns
 from formats.pool import BufferPool
@@ -244,19 +244,75 @@ def _select(
     where: str,
 ) -> list[ColumnSpec]:
     by_name = {s.name: s for s in specs}
+    fills = mapping_arg("fill_values", fill_values)
     wanted = list(columns) if columns is not None else [s.name for s in specs]
     if label is not None and label not in wanted:
         wanted.append(label)
-    for name in list(wanted) + list(fill_values or {}):
+    for name in list(wanted) + list(fills):
         if name not in by_name:
             raise SchemaError(
                 f"{where}: column {name!r} is not in the records; the columns are "
                 f"{sorted(by_name)}."
             )
-    fills = dict(fill_values or {})
+    if not wanted:
+        raise SchemaError(
+            f"{where}: the schema has no columns, so there is nothing to read. Pass a schema "
+            f"with at least one column (a DataFrame with no columns exports such a schema)."
+        )
+    for name, value in fills.items():
+        check_fill_value(name, by_name[name].dtype, value)
     return [
         dataclasses.replace(by_name[n], fill=fills[n]) if n in fills else by_name[n] for n in wanted
     ]
+
+
+_CHECK_RECORDS = 256
+"""Records decoded with the chosen specs when the dataset is built (see :func:`_check_records`)."""
+
+
+def _check_records(loc: Location, files: Sequence[str], compression: str | None,
+                   specs: Sequence[ColumnSpec], n: int | None = None) -> None:
+    """Decode the first ``n`` records with ``specs``, so that a schema the records do not fit
+    fails the call that was given it (naming the file, record, column and the fix) instead of
+    the first ``next()`` deep inside TensorFlow: a dense or scalar column absent from a record
+    without a fill value, a feature of another kind (int64/float/bytes), or a dense column with
+    another number of values. Later records are checked as they are parsed.
+    """
+    from formats.example_decode import decode_examples, parse_record
+
+    left = _CHECK_RECORDS if n is None else n
+    for path in files:
+        if left <= 0:
+            return
+        batches = _open_record_batches(loc, path, compression, left)
+        with contextlib.closing(batches):
+            records = next(batches, [])
+        if not records:
+            continue
+        where = loc.display(path)
+        table = decode_examples(records, specs, name=where)
+        for spec in specs:
+            if spec.is_ragged or spec.fill is not None:
+                continue
+            col = table.column(spec.name)
+            if not col.null_count:
+                continue
+            first = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
+            kind = f"dense shape {spec.shape}" if spec.shape else "a scalar"
+            if col.null_count == len(records):
+                raise SchemaError(
+                    f"{where}: column {spec.name!r} is in the schema but absent from all of the "
+                    f"first {len(records)} record(s), whose features are "
+                    f"{sorted(parse_record(records[0]))}. Check the schema's column names, leave the column out (columns=...), "
+                    f"or give fill_values={{{spec.name!r}: 0}}."
+                )
+            raise SchemaError(
+                f"{where}: record {first} has no feature {spec.name!r} (a null when it was "
+                f"written; {col.null_count} of the first {len(records)} records lack it), but it "
+                f"is read as {kind} without a fill value. Pass fill_values={{{spec.name!r}: 0}} "
+                f"(any value of its type), or rewrite the records without nulls."
+            )
+        left -= len(records)
 
 
 def _parser(specs: Sequence[ColumnSpec], label: str | None):
@@ -547,12 +603,15 @@ def tfrecord_dataset(
     import tensorflow as tf
 
     validate_reader_args(batch_size, label, columns)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ValueError(f"sample must be an int >= 1 (records to infer the schema from), got {sample!r}.")
     shard_t = normalize_shard(shard)
     normalize_compression(compression)
     plan = plan_tfrecord(
         path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
     )
     specs = _select(plan.specs, columns, label, fill_values, plan.location.url)
+    _check_records(plan.location, plan.files, plan.compression, specs)
     parse, parse_or_take = _parser(specs, label)
     files, record_shard = plan.files, None
     if shard_t is not None:

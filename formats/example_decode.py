@@ -327,7 +327,9 @@ def _build_column(
                 i = int(present[np.argmax(bad)])
                 raise RecordError(
                     f"{src}: record {i}: feature {name!r} holds {int(counts[np.argmax(bad)])} "
-                    f"values, but its shape {shape} needs {math.prod(int(x) for x in shape if x)}."
+                    f"values, but its shape {shape} needs {math.prod(int(x) for x in shape if x)}. "
+                    f"Declare the shape the records have, or a variable-length list "
+                    f"(pa.list_(...)) to read it ragged."
                 )
             cur = pa.FixedSizeListArray.from_arrays(cur, int(shape[0]))
     if len(present) != n:

@@ -48,6 +48,8 @@ __all__ = [
     "RaggedColumn",
     "column_specs",
     "column_array",
+    "check_fill_value",
+    "mapping_arg",
     "flatten_struct_fields",
     "tf_spec",
     "to_numpy",
@@ -205,6 +207,47 @@ def column_array(data: pa.RecordBatch | pa.Table, name: str) -> pa.Array | pa.Ch
     raise SchemaError(f"column {name!r} is not in the data; the columns are {data.schema.names}.")
 
 
+def mapping_arg(name: str, value: Any) -> dict[str, Any]:
+    """``value`` as a dict of column name -> value, or a ValueError naming the argument.
+
+    For ``shapes=`` / ``fill_values=``-style arguments (``None`` is an empty dict).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ValueError(
+            f"{name} must be a dict of column name -> value, got {type(value).__name__} "
+            f"{value!r}; e.g. {name}={{'x': 0}}."
+        )
+    return dict(value)
+
+
+def check_fill_value(name: str, dtype: str, value: Any) -> None:
+    """Raise SchemaError when ``value`` cannot stand in for a null of column ``name`` (``dtype``).
+
+    A number for numeric columns (a bool for bool ones), a str or bytes for string columns:
+    checked when the reader is built, not when the first null is met mid-epoch.
+    """
+    if value is None:
+        return
+    if dtype == "string":
+        ok = isinstance(value, (str, bytes))
+        want = "a str or bytes"
+    elif dtype == "bool":
+        ok = isinstance(value, (bool, np.bool_))
+        want = "True or False"
+    else:
+        ok = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+        if ok and dtype.startswith(("int", "uint")) and not float(value).is_integer():
+            ok = False
+        want = "an integer" if dtype.startswith(("int", "uint")) else "a number"
+    if not ok:
+        raise SchemaError(
+            f"fill value {value!r} for column {name!r} does not fit its type {dtype}; give "
+            f"{want}, e.g. fill_values={{{name!r}: {0 if want != 'a str or bytes' else repr('')}}}."
+        )
+
+
 def column_specs(
     schema: pa.Schema,
     *,
@@ -229,8 +272,8 @@ def column_specs(
         SchemaError: a column is missing, has a type TF cannot hold, or a declared shape does
             not fit the column.
     """
-    shapes = dict(shapes or {})
-    fill_values = dict(fill_values or {})
+    shapes = mapping_arg("shapes", shapes)
+    fill_values = mapping_arg("fill_values", fill_values)
     if flatten_structs:
         schema = flatten_struct_fields(schema)
     names = list(columns) if columns is not None else list(schema.names)
@@ -250,7 +293,15 @@ def column_specs(
         arrow_type = schema.field(idx).type
         dtype, shape, rr = _element_type(name, arrow_type, "")
         if name in shapes:
-            declared = tuple(int(d) for d in shapes[name])
+            raw = shapes[name]
+            if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in raw
+            ):
+                raise ValueError(
+                    f"shapes[{name!r}] must be a list of ints (the per-row shape), got {raw!r}; "
+                    f"e.g. shapes={{{name!r}: [28, 28]}}."
+                )
+            declared = tuple(int(d) for d in raw)
             if len(shape) == 0:
                 raise SchemaError(
                     f"column {name!r} is a scalar, but shape {declared} was declared for it; "
@@ -259,6 +310,7 @@ def column_specs(
             if math.prod(declared) <= 0:
                 raise SchemaError(f"declared shape {declared} for column {name!r} is empty.")
             shape, rr = declared, 0
+        check_fill_value(name, dtype, fill_values.get(name))
         specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name), arrow_type))
     return specs
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import feeders
+from dataplane.errors import RecordError
 from feeders import tfrecord as reader
 from tests.builders import mnist_like_table, numeric_table, row_checksum, write_tfrecord_files
 
@@ -161,14 +162,13 @@ def test_the_pipeline_decodes_in_place_only_when_the_first_records_allow_it(
     # Narrow rows whose varints vary in length: no layout holds, chunks are plain records.
     feeders.tfrecord_dataset(three_files[0], schema=three_files[1].schema, batch_size=8)
     assert layouts[-1] is None
-    # A first file that cannot be read says nothing: the pass reports it, as ever.
+    # A first file that cannot be read fails the call itself: its first records are checked
+    # against the schema when the dataset is built (issue #22).
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "part-0.tfrecord").write_bytes(b"not a tfrecord file at all")
-    ds = feeders.tfrecord_dataset(bad, schema=MNIST_SCHEMA, batch_size=8)
-    assert layouts[-1] is not None
-    with pytest.raises(Exception, match=r"part-0.tfrecord: .*corrupt record at byte offset 0"):
-        list(ds)
+    with pytest.raises(RecordError, match=r"part-0.tfrecord: .*corrupt record at byte offset 0"):
+        feeders.tfrecord_dataset(bad, schema=MNIST_SCHEMA, batch_size=8)
 
 
 def test_shared_layout_record_shards(mnist_files, monkeypatch):
