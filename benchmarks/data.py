@@ -1,11 +1,15 @@
 """The benchmark's data: deterministic tables, the same bytes on every run, stack and machine.
 
-Two shapes, both fixed-width so bytes per row are exact and MB/s means the same for every path:
+Three shapes, all fixed-width so bytes per row are exact and MB/s means the same for every path:
 
 * ``numeric``: 17 columns, 68 bytes a row: ``id`` (int32), ``f0``..``f11`` (float32),
   ``i0``..``i2`` (int32) and ``label`` (int32). Tabular features, the common case.
 * ``mnist``: MNIST-shaped rows, 3,144 bytes a row: ``id`` (int32), ``image`` (784 float32 as a
   ``list<float32>``, Spark's ``array<float>``) and ``label`` (int32). Wide rows, one big column.
+* ``image``: image rows, 49,160 bytes a row (48 KiB): ``id``, ``image`` (a 64x64x3 float32 image
+  as a flat ``array<float>`` of 12,288) and ``label``. The rows of issue #18: one row is bigger
+  than a gRPC message's share of many buffers, so this is where per-row and per-chunk costs of
+  the push path differ from the narrow tables'.
 
 Values come from ``numpy.random.default_rng(seed)``, so a given ``rows`` and ``seed`` always give
 the same table.
@@ -18,11 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TABLES", "TableKind", "make_table", "row_bytes", "spark_schema_ddl"]
+__all__ = ["TABLES", "TableKind", "image_width", "make_table", "row_bytes", "spark_schema_ddl"]
 
 NUMERIC_FLOATS = 12
 NUMERIC_INTS = 3
 IMAGE_SIZE = 784
+PICTURE_SIZE = 64 * 64 * 3  # the ``image`` table's 48 KiB rows
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,17 @@ TABLES: dict[str, TableKind] = {
         4 * (1 + IMAGE_SIZE + 1),
         "MNIST-shaped: id, 784-float32 image, label (3,144 bytes/row)",
     ),
+    "image": TableKind(
+        "image",
+        4 * (1 + PICTURE_SIZE + 1),
+        "image rows: id, 64x64x3 float32 image as a flat array<float>, label (49,160 bytes/row)",
+    ),
 }
+
+
+def image_width(kind: str) -> int | None:
+    """Floats in ``kind``'s ``image`` column (784, 12,288), or None for ``numeric``."""
+    return {"mnist": IMAGE_SIZE, "image": PICTURE_SIZE}.get(_kind(kind).name)
 
 
 def _kind(kind: str) -> TableKind:
@@ -61,7 +76,7 @@ def _kind(kind: str) -> TableKind:
 
 
 def row_bytes(kind: str) -> int:
-    """Payload bytes one row of ``kind`` carries (68 for ``numeric``, 3,144 for ``mnist``)."""
+    """Payload bytes one row of ``kind`` carries (68 ``numeric``, 3,144 ``mnist``, 49,160 ``image``)."""
     return _kind(kind).row_bytes
 
 
@@ -69,7 +84,7 @@ def make_table(kind: str, rows: int, *, seed: int = 0) -> pa.Table:
     """Build the ``kind`` table with ``rows`` rows, deterministically from ``seed``.
 
     Args:
-        kind: ``numeric`` or ``mnist``.
+        kind: ``numeric``, ``mnist`` or ``image``.
         rows: number of rows (>= 1).
         seed: random seed (default 0: every run of the benchmark sees the same values).
 
@@ -92,8 +107,9 @@ def make_table(kind: str, rows: int, *, seed: int = 0) -> pa.Table:
             cols[f"i{i}"] = ints[i]
         cols["label"] = labels
         return pa.table(cols)
-    image = rng.random((rows, IMAGE_SIZE), dtype=np.float32)
-    offsets = pa.array(np.arange(0, (rows + 1) * IMAGE_SIZE, IMAGE_SIZE, dtype=np.int32))
+    width = image_width(kind)
+    image = rng.random((rows, width), dtype=np.float32)
+    offsets = pa.array(np.arange(0, (rows + 1) * width, width, dtype=np.int32))
     images = pa.ListArray.from_arrays(offsets, pa.array(image.ravel()))
     return pa.table({"id": ids, "image": images, "label": labels})
 

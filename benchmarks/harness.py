@@ -1,9 +1,14 @@
 """The benchmark runner: one SparkSession, the same data for every path, alternating repetitions.
 
 A scenario is a module with ``build(env) -> list[BenchPath]`` (see :mod:`benchmarks.paths`).
-Optionally it also defines ``TABLES`` (the table kinds it runs on by default) and
+Optionally it also defines ``TABLES`` (the table kinds it runs on by default),
 ``extra(env, results) -> dict`` (scenario-specific measurements merged into its JSON object,
-e.g. push's memory-under-backpressure check).
+e.g. push's memory-under-backpressure check) and ``breakdown(env, out) -> dict`` (where ours'
+time goes, from the ``stage`` paths' timings: see :mod:`benchmarks.breakdown`).
+
+Paths of kind ``stage`` (the partial pipelines a breakdown is computed from) are timed in the
+same alternating rounds as the others but are kept out of ``results`` and the ratios: their
+timings go to the scenario's ``stages`` object.
 
 For each (scenario, table) the runner builds the paths, runs each path once untimed (warm-up),
 then ``reps`` timed rounds that alternate the paths (A1 B1 C1 A2 B2 C2 ...) so machine drift hits
@@ -67,11 +72,13 @@ class BenchEnv:
 
     Attributes:
         spark: the bench process's one SparkSession.
-        rows: rows in the ``numeric`` table (``mnist`` has ``mnist_rows``).
+        rows: rows in the ``numeric`` table (``mnist`` has ``mnist_rows``, ``image``
+            ``image_rows``).
         mnist_rows: rows in the ``mnist`` table.
+        image_rows: rows in the ``image`` table (48 KiB rows).
         workdir: scratch directory for this (scenario, table), removed afterwards.
         quick: True for the smoke run (tiny data, one repetition): skip optional extras.
-        table_name: the table kind this run is about (``numeric`` or ``mnist``).
+        table_name: the table kind this run is about (``numeric``, ``mnist`` or ``image``).
         seed: the data seed.
     """
 
@@ -85,10 +92,12 @@ class BenchEnv:
         quick: bool = False,
         table_name: str = "numeric",
         seed: int = 0,
+        image_rows: int | None = None,
     ) -> None:
         self.spark = spark
         self.rows = rows
         self.mnist_rows = mnist_rows
+        self.image_rows = image_rows if image_rows is not None else max(1, rows // 100)
         self.workdir = Path(workdir)
         self.quick = quick
         self.table_name = table_name
@@ -99,7 +108,7 @@ class BenchEnv:
     def rows_of(self, kind: str | None = None) -> int:
         """Rows the ``kind`` table has (default: this run's table)."""
         kind = kind or self.table_name
-        return self.mnist_rows if kind == "mnist" else self.rows
+        return {"mnist": self.mnist_rows, "image": self.image_rows}.get(kind, self.rows)
 
     def row_bytes(self, kind: str | None = None) -> int:
         """Payload bytes per row of ``kind`` (default: this run's table)."""
@@ -279,6 +288,24 @@ def _finish(res: dict[str, Any], path: BenchPath, row_bytes: int) -> None:
     res["mb_per_s"] = res["rows_per_s"] * per_row / 1e6
 
 
+def _stages(paths: list[BenchPath], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The stage paths' timings: per stage its rep seconds and rows, median seconds, ok/error."""
+    out = {}
+    for p in paths:
+        if p.kind != "stage":
+            continue
+        res = results.pop(p.name)
+        secs = res["rep_seconds"]
+        out[p.name] = {
+            "ok": res["ok"] and bool(secs),
+            "error": res["error"],
+            "seconds": statistics.median(secs) if secs else 0.0,
+            "rep_seconds": secs,
+            "rep_rows": res["rep_rows"],
+        }
+    return out
+
+
 def _ratios(results: list[dict[str, Any]]) -> None:
     others = [r for r in results if r["kind"] != "ours" and r["ok"] and r["rows_per_s"] > 0]
     for r in results:
@@ -294,6 +321,9 @@ def run_scenario(
     warmup: bool = True,
     peers: Sequence[str] | None = None,
     progress: Progress = _no_progress,
+    module: Any = None,
+    tick: Callable[[int, int], None] | None = None,
+    idle_wait: float = 10.0,
 ) -> dict[str, Any]:
     """Build and time one scenario on ``env.table_name``; returns its JSON object.
 
@@ -305,8 +335,12 @@ def run_scenario(
             caches are not what we measure).
         peers: if given, only these non-``ours`` paths run (``ours`` paths always run).
         progress: called with one line per step (the CLI prints it on stderr).
+        module: the scenario module to use instead of ``SCENARIOS[scenario]`` (the
+            ``--data`` mode's, :mod:`benchmarks.userdata`).
+        tick: called with (passes done, passes in all) after every pass (a progress bar).
+        idle_wait: the most seconds to wait for an idle machine before each pass (0: never).
     """
-    if scenario not in SCENARIOS:
+    if module is None and scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {sorted(SCENARIOS)}, got {scenario!r}")
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
@@ -321,7 +355,8 @@ def run_scenario(
         "results": [],
     }
     try:
-        module = importlib.import_module(SCENARIOS[scenario])
+        if module is None:
+            module = importlib.import_module(SCENARIOS[scenario])
         progress(f"[{label}] preparing {env.rows_of():,} rows and the paths")
         paths = list(module.build(env))
     except Exception as exc:  # noqa: BLE001 - a scenario that cannot start is reported, not fatal
@@ -331,16 +366,28 @@ def run_scenario(
         return out
     if peers is not None:
         wanted = set(peers)
-        paths = [p for p in paths if p.kind == "ours" or p.name in wanted]
+        paths = [p for p in paths if p.kind in ("ours", "stage") or p.name in wanted]
     results = {p.name: _result(p, row_bytes) for p in paths}
     live = [p for p in paths if p.unavailable is None]
     for p in paths:
         if p.unavailable is not None:
             progress(f"[{label}] {p.name}: not run: {p.unavailable}")
 
+    total = len(live) * (reps + (1 if warmup else 0))
+    done = 0
+
     def _once(p: BenchPath, what: str) -> tuple[int, float] | None:
+        nonlocal done
+        try:
+            return _timed(p, what)
+        finally:
+            done += 1
+            if tick is not None:
+                tick(done, total)
+
+    def _timed(p: BenchPath, what: str) -> tuple[int, float] | None:
         res = results[p.name]
-        settled = wait_until_idle()
+        settled = wait_until_idle(timeout=idle_wait) if idle_wait > 0 else 0.0
         if settled > 1.0:
             progress(f"[{label}] waited {settled:.1f} s for the machine to go idle")
         t0 = time.perf_counter()
@@ -364,6 +411,7 @@ def run_scenario(
         for rep in range(reps):
             for p in live:
                 if not results[p.name]["ok"]:
+                    done += 1
                     continue
                 got = _once(p, f"rep {rep + 1}/{reps}")
                 if got is not None:
@@ -381,10 +429,23 @@ def run_scenario(
                     if res["ok"]:
                         res["ok"] = False
                         res["error"] = "on close: " + _error_text(exc)
+    stages = _stages(paths, results)
     for p in paths:
-        _finish(results[p.name], p, row_bytes)
+        if p.kind != "stage":
+            _finish(results[p.name], p, row_bytes)
     out["results"] = list(results.values())
     _ratios(out["results"])
+    if stages:
+        out["stages"] = stages
+    breakdown = getattr(module, "breakdown", None)
+    if breakdown is not None:
+        try:
+            got = breakdown(env, out)
+            if got:
+                out["breakdown"] = got
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            out["breakdown_error"] = _error_text(exc)
+            progress(f"[{label}] breakdown failed: {out['breakdown_error']}")
     extra = getattr(module, "extra", None)
     if extra is not None:
         try:
@@ -399,6 +460,8 @@ def _tables_for(module_name: str, requested: str | None, quick: bool) -> list[st
     """--table if given; else the scenario's ``TABLES`` (only the first of them when quick)."""
     if requested == "both":
         return ["numeric", "mnist"]
+    if requested == "all":
+        return ["numeric", "mnist", "image"]
     if requested:
         return [requested]
     try:
@@ -414,6 +477,7 @@ def run_bench(
     *,
     rows: int,
     mnist_rows: int | None = None,
+    image_rows: int | None = None,
     reps: int = 3,
     quick: bool = False,
     peers: Sequence[str] | None = None,
@@ -422,6 +486,7 @@ def run_bench(
     driver_memory: str = "4g",
     workdir: Path | None = None,
     progress: Progress = _no_progress,
+    idle_wait: float = 10.0,
 ) -> dict[str, Any]:
     """Run ``scenarios`` in this process and return the whole report (JSON-ready).
 
@@ -467,13 +532,13 @@ def run_bench(
                 wd.mkdir(parents=True, exist_ok=True)
                 env = BenchEnv(
                     spark, rows=rows, mnist_rows=mnist_rows, workdir=wd, quick=quick,
-                    table_name=kind,
+                    table_name=kind, image_rows=image_rows,
                 )
                 t0 = time.perf_counter()
                 try:
                     obj = run_scenario(
                         env, scenario, reps=reps, warmup=not quick, peers=peers,
-                        progress=progress,
+                        progress=progress, idle_wait=idle_wait,
                     )
                 finally:
                     env.release()

@@ -15,8 +15,9 @@ class BenchPath:
     Attributes:
         name: the path name fixed in shared/API.md (``flight-push``, ``tfos``, ``parquet``...).
         run: does one repetition over the whole data set and returns the rows it delivered.
-        kind: ``ours``, ``peer`` (a system we compare against) or ``ceiling`` (a bare lower
-            layer nobody can beat).
+        kind: ``ours``, ``peer`` (a system we compare against), ``ceiling`` (a bare lower
+            layer nobody can beat) or ``stage`` (a part of ours' pipeline alone, timed only
+            to say where ours' time goes: kept out of the results table).
         nbytes: payload bytes one repetition moves (for MB/s).
         unavailable: if set, the path is not run and is reported ``ok: false`` with this reason
             (a peer that cannot run on this stack).
@@ -25,7 +26,7 @@ class BenchPath:
 
     name: str
     run: Callable[[], int]
-    kind: Literal["ours", "peer", "ceiling"] = "ours"
+    kind: Literal["ours", "peer", "ceiling", "stage"] = "ours"
     nbytes: int = 0
     unavailable: str | None = None
     close: Callable[[], None] | None = None

@@ -44,7 +44,7 @@ from benchmarks.paths import BenchPath
 
 __all__ = ["TABLES", "TFOS_MAX_ROWS", "BATCH_SIZE", "build", "extra"]
 
-TABLES = ("numeric", "mnist")
+TABLES = ("numeric", "mnist", "image")
 TFOS_MAX_ROWS = 20_000
 BATCH_SIZE = 1024
 SLOW_FACTOR = 10
@@ -78,20 +78,37 @@ def count_main(args: dict[str, Any], ctx: Any) -> None:
 
     ``args``: ``dir`` (where to write ``<role><index>-epoch<e>.json``), ``batch_size``, and optionally
     ``slow_factor``: from the second epoch on, sleep ``slow_factor - 1`` times the first
-    epoch's per-batch time after every batch (a consumer that is ``slow_factor`` x slower).
+    epoch's per-batch time after every batch (a consumer that is ``slow_factor`` x slower), and
+    ``shapes`` (``ctx.dataset``'s). Each epoch's file also says when the first batch came
+    (``first_at``, wall clock) and how long the consumer was blocked on the batches after it
+    (``wait_after_first``): the driver adds the time from its ``train`` call to ``first_at``
+    for the consumer's whole wait (the node's own wait before the first batch also covers the
+    time between the driver's epochs).
     """
     out = Path(args["dir"])
-    ds = ctx.dataset(batch_size=args["batch_size"])
+    shapes = args.get("shapes")
+    ds = ctx.dataset(batch_size=args["batch_size"], **({"shapes": shapes} if shapes else {}))
     slow = float(args.get("slow_factor") or 1)
     per_batch = 0.0
     epoch = 0
+    clock = time.perf_counter
     while True:
         rows = batches = 0
         rss_start, rss_peak = _rss_bytes(), 0
         t0 = None
-        for batch in ds:
+        first_at = None
+        wait = 0.0
+        it = iter(ds)
+        while True:
+            asked = clock()
+            batch = next(it, None)
+            if t0 is not None:
+                wait += clock() - asked
+            if batch is None:
+                break
             if t0 is None:
-                t0 = time.perf_counter()
+                t0 = clock()
+                first_at = time.time()
             rows += int(next(iter(batch.values())).shape[0])
             batches += 1
             if epoch > 0 and slow > 1:
@@ -104,6 +121,7 @@ def count_main(args: dict[str, Any], ctx: Any) -> None:
             per_batch = seconds / batches
         _write_json(out / f"{ctx.role}{ctx.index}-epoch{epoch}.json", {
             "rows": rows, "batches": batches, "seconds": seconds,
+            "first_at": first_at, "wait_after_first": wait,
             "rss_start": rss_start, "rss_peak": rss_peak,
         })
         epoch += 1
@@ -215,14 +233,22 @@ class FlightPushPath:
 
     def __init__(self, env: Any, *, num_nodes: int = 2, batch_size: int = BATCH_SIZE,
                  buffer_bytes: int | None = None, max_chunk_bytes: int | None = None,
-                 slow_factor: int = 1, name: str = "push") -> None:
+                 slow_factor: int = 1, name: str = "push", main: Callable[..., None] | None = None,
+                 shapes: dict[str, list[int]] | None = None, feed_timeout: float | None = None,
+                 keep_metrics: bool = False) -> None:
         self.spark = env.spark
         self.df = env.dataframe()
         self.rows = env.rows_of()
         self.dir = env.workdir / f"{name}-counts"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.num_nodes = num_nodes
-        self.args = {"dir": str(self.dir), "batch_size": batch_size, "slow_factor": slow_factor}
+        self.args = {"dir": str(self.dir), "batch_size": batch_size, "slow_factor": slow_factor,
+                     "shapes": shapes}
+        self.main = main or count_main
+        self.feed_timeout = feed_timeout
+        self.keep_metrics = keep_metrics
+        self.waits: list[float] = []  # per repetition: the longest any node waited for input
+        self.final_metrics: dict[Any, Any] | None = None
         self.run_kwargs: dict[str, int] = {}
         if buffer_bytes:
             self.run_kwargs["buffer_bytes"] = buffer_bytes
@@ -237,7 +263,7 @@ class FlightPushPath:
         import dataplane
 
         self.cluster = dataplane.run(
-            self.spark, count_main, self.args, num_nodes=self.num_nodes, **self.run_kwargs
+            self.spark, self.main, self.args, num_nodes=self.num_nodes, **self.run_kwargs
         )
 
     def __call__(self) -> int:
@@ -245,7 +271,11 @@ class FlightPushPath:
             self._start()
         epoch = self.epoch
         self.epoch += 1
-        self.last_report = self.cluster.train(self.df)
+        started = time.time()
+        if self.feed_timeout is None:
+            self.last_report = self.cluster.train(self.df)
+        else:
+            self.last_report = self.cluster.train(self.df, feed_timeout=self.feed_timeout)
         files = [
             self.dir / f"{n.role}{n.index}-epoch{epoch}.json"
             for n in self.cluster.nodes
@@ -256,13 +286,22 @@ class FlightPushPath:
             got = [_read_json(f) for f in files]
             return got if all(g is not None for g in got) else None
 
-        self.last_nodes = _wait_for(done, timeout=600, what=f"every node consuming epoch {epoch}")
+        timeout = 600 if self.feed_timeout is None else self.feed_timeout
+        self.last_nodes = _wait_for(done, timeout=timeout, what=f"every node consuming epoch {epoch}")
+        self.waits.append(max(
+            (g["first_at"] - started if g.get("first_at") else 0.0) + float(g.get("wait_after_first", 0.0))
+            for g in self.last_nodes
+        ))
         return sum(int(g["rows"]) for g in self.last_nodes)
 
     def close(self) -> None:
         if self.cluster is not None:
             cluster, self.cluster = self.cluster, None
-            cluster.shutdown()
+            try:
+                if self.keep_metrics:  # after the repetitions: costs none of their time
+                    self.final_metrics = cluster.metrics()
+            finally:
+                cluster.shutdown()
 
 
 class RawFlightPath:

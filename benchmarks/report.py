@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["scenarios_of", "markdown", "plot", "main"]
+__all__ = ["scenarios_of", "markdown", "breakdown_lines", "plot", "main"]
 
 
 def scenarios_of(doc: Any) -> list[dict[str, Any]]:
@@ -70,6 +70,16 @@ def markdown(doc: Any) -> str:
             + (f"; {doc['date']}" if isinstance(doc, dict) and doc.get("date") else "")
         )
         lines.append("")
+    for sc in scenarios:
+        data = sc.get("data")
+        if data:
+            lines.append(
+                f"Data: {data.get('url')} ({data.get('format')}, {data.get('files')} files, "
+                f"{data.get('rows', 0):,} of {data.get('total_rows', 0):,} rows, "
+                f"{data.get('row_bytes', 0):,} bytes a row as tensors; columns "
+                f"{', '.join(data.get('columns') or [])})"
+            )
+            lines.append("")
     lines.append("| scenario | table | path | kind | rows | rows/s | MB/s | ours / this | ok |")
     lines.append("|---|---|---|---|---:|---:|---:|---:|---|")
     order = {"ours": 0, "peer": 1, "ceiling": 2}
@@ -113,6 +123,9 @@ def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
                 f"{mem.get('limit_bytes', 0) / 2**20:.2f} MiB "
                 f"({mem.get('peak_over_limit', 0):.2f}x; target <= 1.10x: {verdict})"
             )
+        bd = sc.get("breakdown")
+        if bd:
+            out.extend(breakdown_lines(sc, bd))
         fit = sc.get("fit")
         if fit:
             verdict = "meets" if fit.get("within_target") else "MISSES"
@@ -120,6 +133,38 @@ def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
                 f"- {sc['scenario']}/{sc.get('table')}: Keras fit fed by push runs at "
                 f"{fit.get('ratio', 0):.2f}x the in-memory fit (target >= 0.9x: {verdict})"
             )
+    return out
+
+
+def breakdown_lines(sc: dict[str, Any], bd: dict[str, Any]) -> list[str]:
+    """The short breakdown printed under the table: where ours' measured time went."""
+    total = bd.get("measured_seconds") or 0.0
+    parts = ", ".join(
+        f"{p['part']} {p['seconds']:.3f} s ({100 * p['share']:.0f}%{', capped' if p.get('capped') else ''})"
+        for p in bd.get("parts", [])
+    )
+    out = [
+        f"- {sc['scenario']}/{sc.get('table')}: where {bd.get('path')}'s {total:.3f} s went: "
+        f"{parts} (sum {bd.get('sum_seconds', 0.0):.3f} s)"
+    ]
+    if any(p.get("capped") for p in bd.get("parts", [])):
+        out.append("  - capped: that stage alone took longer than ours whole (ours hides it, or "
+                   "the runs were too short or noisy to tell; raise --limit or --reps)")
+    wait = bd.get("consumer_wait_seconds")
+    if wait is not None:
+        out.append(
+            f"  - a consumer doing nothing else waited {wait:.3f} s for input "
+            f"({100 * (bd.get('consumer_wait_share') or 0):.0f}% of it); a training step slower "
+            f"than the input per batch would have waited less"
+        )
+    metrics = bd.get("node_metrics") or {}
+    if metrics:
+        stall = sum(float(m.get("stall_seconds", 0.0) or 0.0) for m in metrics.values())
+        peak = max((int(m.get("buffer_peak_bytes", 0) or 0) for m in metrics.values()), default=0)
+        out.append(
+            f"  - nodes (cumulative over all passes): pushing tasks stalled on full buffers "
+            f"{stall:.2f} s, buffer peak {peak / 2**20:.1f} MiB"
+        )
     return out
 
 
