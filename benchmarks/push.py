@@ -1,5 +1,8 @@
 """Push scenario: a cached Spark DataFrame into TF nodes, ours against TFoS and two ceilings.
 
+Tables: ``numeric``, ``mnist`` and ``image`` (48 KiB rows, issue #18: where flight-push against
+flight-raw shows what the data plane adds per chunk rather than per row).
+
 Paths (all read the same cached DataFrame; rows are counted where they are consumed):
 
 * ``flight-push`` (ours): ``dataplane.run(spark, main, num_nodes=2)`` once, then one

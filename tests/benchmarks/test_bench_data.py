@@ -1,0 +1,306 @@
+"""`dataplane bench ... --data URL`: the user's own data on every path, with the breakdown.
+
+Real files, a real S3 server (tests/s3server.py), real Spark and TF nodes for push; asserts the
+JSON (paths, rows, breakdown parts adding up), the one-line errors, never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from benchmarks import data, report, userdata
+from benchmarks.breakdown import Step, ladder
+from benchmarks.pull_parquet import write_parquet
+from benchmarks.pull_tfrecord import write_tfrecords
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = 1500
+LIMIT = 700
+
+
+def _on_compat() -> bool:
+    return int(pa.__version__.split(".")[0]) < 16
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The MNIST-shaped table as 3 Parquet files and as 3 TFRecord files (+ schema file)."""
+    root = tmp_path_factory.mktemp("userdata")
+    table = data.make_table("mnist", ROWS)
+    write_parquet(table, root / "parquet", files=3)
+    write_tfrecords(table, root / "tfrecord", files=3)
+    return root
+
+
+def _bench(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600):
+    cmd = [sys.executable, "-m", "dataplane.cli", "bench", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _check_breakdown(sc: dict, ours: str, parts: list[str]) -> None:
+    bd = sc["breakdown"]
+    assert bd["path"] == ours
+    res = next(r for r in sc["results"] if r["path"] == ours)
+    assert bd["measured_seconds"] == pytest.approx(res["seconds"])
+    assert [p["part"] for p in bd["parts"]] == parts
+    assert all(p["seconds"] >= 0 and p["what"] for p in bd["parts"])
+    # the parts account for the measured time
+    assert abs(sum(p["seconds"] for p in bd["parts"]) - bd["measured_seconds"]) <= 0.1 * bd["measured_seconds"]
+    assert bd["sum_seconds"] == pytest.approx(sum(p["seconds"] for p in bd["parts"]))
+    assert bd["consumer_wait_seconds"] is not None and bd["consumer_wait_seconds"] >= 0
+
+
+def _results(sc: dict) -> dict[str, dict]:
+    return {r["path"]: r for r in sc["results"]}
+
+
+@pytest.mark.slow
+def test_pull_parquet_cli_on_local_files(files, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _bench(
+        "pull-parquet", "--data", str(files / "parquet"), "--shapes", "image=784", "--label", "label",
+        "--reps", "1", "--idle-wait", "0", "--json", str(out), "--plot", str(tmp_path / "b.png"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sc = json.loads(out.read_text())
+    assert sc["scenario"] == "pull-parquet" and sc["table"] == "data"
+    assert sc["data"]["format"] == "parquet" and sc["data"]["files"] == 3
+    assert sc["data"]["rows"] == sc["data"]["total_rows"] == ROWS == sc["rows"]
+    assert sc["data"]["columns"] == ["id", "image", "label"]
+    assert sc["row_bytes"] == 3144  # int32 id + 784 float32 + int32 label, as tensors
+    res = _results(sc)
+    assert set(res) == {"parquet", "pyarrow-raw", "petastorm", "tfio"}
+    for name in ("parquet", "pyarrow-raw") + (("petastorm",) if _on_compat() else ()):
+        assert res[name]["ok"], res[name]
+        assert res[name]["rep_rows"] == [ROWS], name
+    if not _on_compat():
+        assert not res["petastorm"]["ok"] and "compat stack" in res["petastorm"]["error"]
+        assert not res["tfio"]["ok"] and "compat stack" in res["tfio"]["error"]
+    else:
+        assert not res["tfio"]["ok"] and "list columns" in res["tfio"]["error"]
+    assert set(sc["stages"]) == {"read", "decode"} and all(s["ok"] for s in sc["stages"].values())
+    _check_breakdown(sc, "parquet", ["read", "decode", "to_tf"])
+    # the schema comes first, then progress; the table and the breakdown on stdout
+    err = proc.stderr.splitlines()
+    first = next(i for i, line in enumerate(err) if line.startswith("data: "))
+    assert err[first + 2].strip() == "image: list<element: float> -> tf.float32 [784] (--shapes)"
+    assert first < next(i for i, line in enumerate(err) if line.startswith("[pull-parquet/data]"))
+    assert "| pull-parquet | data | parquet | ours | 1,500 |" in proc.stdout
+    assert "where parquet's" in proc.stdout and "waited" in proc.stdout
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _run(spec: userdata.DataSpec, scenario: str) -> dict:
+    described = userdata.describe(spec, scenario)
+    doc = userdata.run_on_data(scenario, described, reps=1, idle_wait=0)
+    return doc["scenarios"][0]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_pull_tfrecord_with_columns_and_limit(files):
+    spec = userdata.DataSpec(str(files / "tfrecord"), columns=["image"], label="label", limit=LIMIT)
+    sc = _run(spec, "pull-tfrecord")
+    assert sc["data"]["rows"] == LIMIT and sc["data"]["total_rows"] == ROWS
+    assert sc["data"]["columns"] == ["image", "label"]
+    res = _results(sc)
+    assert set(res) == {"tfrecord", "tfdata-tuned", "tfdata-sequential"}
+    for r in res.values():
+        assert r["ok"], r
+        assert r["rep_rows"] == [LIMIT], r["path"]
+    _check_breakdown(sc, "tfrecord", ["read", "decode", "to_tf"])
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory, files):
+    from tests.s3server import acquire_shared, release_shared
+
+    server = acquire_shared(tmp_path_factory.mktemp("seaweedfs"))
+    bucket = server.make_bucket()
+    urls = {
+        kind: server.upload_dir(files / kind, bucket, f"bench/{kind}") for kind in ("parquet", "tfrecord")
+    }
+    yield server, urls
+    release_shared()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_pull_on_s3(s3, monkeypatch):
+    server, urls = s3
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    sc = _run(userdata.DataSpec(urls["parquet"], shapes={"image": (784,)}), "pull-parquet")
+    res = _results(sc)
+    assert sc["data"]["rows"] == ROWS
+    assert res["parquet"]["ok"] and res["parquet"]["rep_rows"] == [ROWS]
+    assert res["pyarrow-raw"]["ok"] and res["pyarrow-raw"]["rep_rows"] == [ROWS]
+    assert not res["tfio"]["ok"] and ("s3://" in res["tfio"]["error"] or "compat" in res["tfio"]["error"])
+    _check_breakdown(sc, "parquet", ["read", "decode", "to_tf"])
+
+    sc = _run(userdata.DataSpec(urls["tfrecord"], limit=LIMIT), "pull-tfrecord")
+    res = _results(sc)
+    assert res["tfrecord"]["ok"] and res["tfrecord"]["rep_rows"] == [LIMIT]
+    for peer in ("tfdata-tuned", "tfdata-sequential"):  # TF itself reads no s3://
+        assert not res[peer]["ok"] and "s3://" in res[peer]["error"]
+    _check_breakdown(sc, "tfrecord", ["read", "decode", "to_tf"])
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_push_cli_on_local_parquet(files, tmp_path):
+    out = tmp_path / "push.json"
+    proc = _bench(
+        "push", "--data", str(files / "parquet"), "--shapes", "image=784", "--limit", str(LIMIT),
+        "--reps", "1", "--idle-wait", "0", "--json", str(out), cwd=tmp_path, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    sc = json.loads(out.read_text())
+    assert sc["scenario"] == "push" and sc["rows"] == LIMIT
+    res = _results(sc)
+    assert set(res) == {"flight-push", "spark-mapinarrow", "flight-raw"}
+    for r in res.values():
+        assert r["ok"], r
+        assert r["rep_rows"] == [LIMIT], r["path"]
+    assert sc["stages"]["node-buffer"]["ok"], sc["stages"]
+    _check_breakdown(sc, "flight-push", ["spark_to_arrow", "transport", "node_buffer", "tensors"])
+    bd = sc["breakdown"]
+    assert set(bd["node_metrics"]) == {"0", "1"}
+    assert all("stall_seconds" in m for m in bd["node_metrics"].values())
+    assert bd["last_feed_report"]["rows"] == LIMIT
+    assert "where flight-push's" in proc.stdout
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_push_reads_s3_parquet_with_spark_tasks(s3, spark, monkeypatch):
+    from benchmarks.userdata_push import read_frame
+
+    server, urls = s3
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    described = userdata.describe(userdata.DataSpec(urls["parquet"], columns=["id", "label"], limit=LIMIT), "push")
+    df = read_frame(spark, described)
+    try:
+        assert df.columns == ["id", "label"]
+        assert sorted(r.id for r in df.collect()) == list(range(LIMIT))
+    finally:
+        df.unpersist()
+
+
+# ---------------------------------------------------------------- errors: one line, exit 2
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    from dataplane import cli
+
+    code = cli.main(["bench", *args, "--json", "/nonexistent/never-written.json"])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+@pytest.mark.parametrize(
+    "case",
+    ["missing", "bad-url", "column", "label", "shape", "shape-syntax", "parquet-as-tfrecord",
+     "tfrecord-as-parquet", "synthetic-option", "not-a-data-scenario"],
+)
+def test_errors_are_one_line(case, files, tmp_path, capsys):
+    pq, tfr = str(files / "parquet"), str(files / "tfrecord")
+    args, expect = {
+        "missing": (["pull-parquet", "--data", str(tmp_path / "nope")], "nope"),
+        "bad-url": (["pull-parquet", "--data", "ftp://host/x"], "ftp"),
+        "column": (["pull-parquet", "--data", pq, "--columns", "id,pixels"], "'pixels' is not in"),
+        "label": (["pull-tfrecord", "--data", tfr, "--label", "target"], "'target' is not in"),
+        "shape": (["pull-parquet", "--data", pq, "--shapes", "image=28x27"], "image=28x27"),
+        "shape-syntax": (["pull-parquet", "--data", pq, "--shapes", "image:784"], "COLUMN=DIMS"),
+        "parquet-as-tfrecord": (["pull-tfrecord", "--data", pq], "is Parquet"),
+        "tfrecord-as-parquet": (["pull-parquet", "--data", tfr], "is not Parquet"),
+        "synthetic-option": (["push", "--data", pq, "--rows", "10"], "--rows"),
+        "not-a-data-scenario": (["export", "--data", pq], "--data works with"),
+    }[case]
+    code, err = _cli(capsys, *args)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dataplane bench: error: ") and expect in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_verbose_error_shows_the_traceback(files, capsys):
+    from dataplane import cli
+
+    code = cli.main(["-v", "bench", "pull-parquet", "--data", str(files / "parquet"), "--columns", "pixels",
+                     "--json", "/nonexistent/x.json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("dataplane bench: error:")
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+def test_parse_shapes():
+    assert userdata.parse_shapes("image=784, mask=28x28") == {"image": (784,), "mask": (28, 28)}
+    assert userdata.parse_shapes(None) == {}
+    for bad in ("image", "image=", "=3", "image=0", "image=2xa"):
+        with pytest.raises(userdata.DataError, match="COLUMN=DIMS"):
+            userdata.parse_shapes(bad)
+
+
+def _scenario(seconds: dict[str, float], stages: dict[str, float | None]) -> dict:
+    return {
+        "scenario": "pull-parquet", "table": "data", "reps": 1,
+        "results": [{"path": p, "ok": True, "seconds": s, "rows_per_s": 1.0} for p, s in seconds.items()],
+        "stages": {k: {"ok": v is not None, "seconds": v or 0.0} for k, v in stages.items()},
+    }
+
+
+def test_ladder_parts_add_up_capped_and_merged():
+    steps = [Step("read", "r", stage="read"), Step("decode", "d", stage="decode"), Step("to_tf", "t")]
+    bd = ladder(_scenario({"parquet": 1.0}, {"read": 0.2, "decode": 0.7}), "parquet", steps, waits=[0.9])
+    assert [(p["part"], round(p["seconds"], 6)) for p in bd["parts"]] == [("read", 0.2), ("decode", 0.5), ("to_tf", 0.3)]
+    assert bd["sum_seconds"] == pytest.approx(1.0) and bd["consumer_wait_share"] == pytest.approx(0.9)
+    # a prefix slower than ours whole is capped (never a negative part)
+    bd = ladder(_scenario({"parquet": 1.0}, {"read": 0.2, "decode": 1.3}), "parquet", steps)
+    assert [p["seconds"] for p in bd["parts"]] == pytest.approx([0.2, 0.8, 0.0])
+    assert bd["parts"][1].get("capped") and bd["sum_seconds"] == pytest.approx(1.0)
+    # a stage that could not run joins the next part
+    bd = ladder(_scenario({"parquet": 1.0}, {"read": 0.2, "decode": None}), "parquet", steps)
+    assert [p["part"] for p in bd["parts"]] == ["read", "decode+to_tf"]
+    assert ladder(_scenario({"other": 1.0}, {}), "parquet", steps) is None
+
+
+def test_breakdown_renders_under_the_table():
+    sc = _scenario({"parquet": 1.0}, {"read": 0.2, "decode": 0.7})
+    sc["results"][0].update(kind="ours", mb_per_s=1.0, rows=10, error=None)
+    sc["rows"] = 10
+    sc["data"] = {"url": "/d", "format": "parquet", "files": 1, "rows": 10, "total_rows": 10,
+                  "row_bytes": 4, "columns": ["x"]}
+    sc["breakdown"] = ladder(sc, "parquet", [Step("read", "r", stage="read"), Step("decode", "d", stage="decode"),
+                                             Step("to_tf", "t")], waits=[0.5])
+    text = report.markdown(sc)
+    assert "Data: /d (parquet, 1 files, 10 of 10 rows" in text
+    assert "read 0.200 s (20%), decode 0.500 s (50%), to_tf 0.300 s (30%) (sum 1.000 s)" in text
+    assert "waited 0.500 s for input (50% of it)" in text
+
+
+def test_image_table_has_48_kib_rows():
+    from benchmarks import push
+
+    table = data.make_table("image", 3)
+    assert data.row_bytes("image") == 49160 and "image" in push.TABLES
+    assert len(table.column("image")[0]) == 64 * 64 * 3 and table.column("id").to_pylist() == [0, 1, 2]
+    assert data.spark_schema_ddl("image") == "id INT, image ARRAY<FLOAT>, label INT"
