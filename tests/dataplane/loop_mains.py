@@ -100,7 +100,7 @@ def loops_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
                 seen.next_epoch()
         elif pattern == "fit_validation_pull":
             model, data = model_and_data(ds)
-            val = feeders.parquet_dataset(args["validation"], batch_size=bs, columns=["x", "label"],
+            val = feeders.parquet_dataset(sc["validation"], batch_size=bs, columns=["x", "label"],
                                           label="label").map(lambda f, y: (f["x"], y))
             hist = model.fit(data, epochs=epochs, validation_data=val, verbose=0)
             seen.val_loss = [float(v) for v in hist.history["val_loss"]]  # type: ignore[attr-defined]
