@@ -282,6 +282,7 @@ class _RunModel:
         self.tf_args = tf_args
 
     def __call__(self, rows: Iterator[Any]) -> Iterator[tuple]:
+        import numpy as np
         import tensorflow as tf
 
         single_node_env(self.tf_args)
@@ -297,7 +298,7 @@ class _RunModel:
             inputs = {}
             for name, values in zip(in_names, tensors):
                 spec = specs[name]
-                t = tf.constant(values, dtype=spec.dtype)
+                t = tf.constant(np.asarray(values, dtype=spec.dtype.as_numpy_dtype))
                 want = [len(values)] + list(spec.shape)[1:]
                 if None not in want and list(t.shape) != want:
                     t = tf.reshape(t, want)

@@ -131,8 +131,19 @@ def tensorflow_mode_main(args, ctx):  # type: ignore[no-untyped-def]
         x=train_datasets, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=0
     )
     compat.export_saved_model(multi_worker_model, args.export_dir, ctx.job_name == "chief")
+    report = {"job_name": ctx.job_name, "pattern": image_pattern}
+    if ctx.job_name == "chief":  # the export loads and predicts
+        predict = tf.saved_model.load(args.export_dir).signatures["serving_default"]
+        ds = tf.data.Dataset.list_files(image_pattern, shuffle=False)
+        ds = ds.interleave(tf.data.TFRecordDataset).map(_parse_digits(tf)).batch(100)
+        hits = scored = 0
+        for images, labels in ds:
+            preds = tf.argmax(predict(hidden_input=images)["out"], axis=1)
+            hits += int(tf.reduce_sum(tf.cast(preds == tf.cast(labels[:, 0], tf.int64), tf.int32)))
+            scored += int(labels.shape[0])
+        report.update(scored=scored, accuracy=hits / scored)
     with open(os.path.join(args.report_dir, f"node{ctx.worker_num}.json"), "w") as f:
-        json.dump({"job_name": ctx.job_name, "pattern": image_pattern}, f)
+        json.dump(report, f)
 
 
 def pipeline_train_fn(args, ctx):  # type: ignore[no-untyped-def]
