@@ -71,9 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="read only the first ROWS rows (default all)")
     data.add_argument("--batch-size", type=int, default=1024, help="rows per batch (default 1024)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--idle-wait", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--idle-wait", type=float, default=None, metavar="SECONDS",
                         help="before each pass wait up to this long for the CPUs to go idle "
-                             "(default 10; 0 never waits: a shared machine's numbers then vary more)")
+                             "(default 10, --quick 0; 0 never waits: on a machine others share "
+                             "it would wait the whole time every pass)")
     parser.add_argument("--driver-memory", default="4g", help="Spark driver memory (default 4g)")
 
 
@@ -162,6 +163,13 @@ def _write_outputs(doc: dict[str, Any], args: argparse.Namespace, progress: Any)
     progress(f"results written to {json_path}")
 
 
+def _idle_wait(args: argparse.Namespace) -> float:
+    """--idle-wait, else 10 s (0 for --quick, whose numbers mean nothing anyway)."""
+    if args.idle_wait is not None:
+        return max(0.0, float(args.idle_wait))
+    return 0.0 if args.quick else 10.0
+
+
 def _failed(doc: dict[str, Any]) -> list[str]:
     return [
         f"{sc['scenario']}/{sc.get('table')}" + (f" {r['path']}" if r else "")
@@ -203,7 +211,7 @@ def _run_on_data(args: argparse.Namespace) -> int:
             doc = userdata.run_on_data(
                 args.scenario, described, reps=reps, peers=peers, master=args.master,
                 driver_memory=args.driver_memory, progress=progress.line, tick=progress.tick,
-                idle_wait=args.idle_wait,
+                idle_wait=_idle_wait(args),
             )
     finally:
         progress.close()
@@ -246,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
             scenarios, rows=rows, mnist_rows=args.mnist_rows, image_rows=args.image_rows,
             reps=reps, quick=args.quick,
             peers=peers, table=args.table, master=args.master, driver_memory=args.driver_memory,
-            progress=progress, idle_wait=args.idle_wait,
+            progress=progress, idle_wait=_idle_wait(args),
         )
     _write_outputs(doc, args, progress)
     failed = _failed(doc)

@@ -140,6 +140,7 @@ def s3(tmp_path_factory, files):
 
 
 @pytest.mark.slow
+@pytest.mark.s3
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 def test_pull_on_s3(s3, monkeypatch):
     server, urls = s3
@@ -186,6 +187,7 @@ def test_push_cli_on_local_parquet(files, tmp_path):
     assert "where flight-push's" in proc.stdout
 
 
+@pytest.mark.s3
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 def test_push_reads_s3_parquet_with_spark_tasks(s3, spark, monkeypatch):
     from benchmarks.userdata_push import read_frame
@@ -304,3 +306,26 @@ def test_image_table_has_48_kib_rows():
     assert data.row_bytes("image") == 49160 and "image" in push.TABLES
     assert len(table.column("image")[0]) == 64 * 64 * 3 and table.column("id").to_pylist() == [0, 1, 2]
     assert data.spark_schema_ddl("image") == "id INT, image ARRAY<FLOAT>, label INT"
+
+
+def test_progress_bar_redraws_under_the_lines():
+    import io
+
+    from dataplane.commands.bench import _Progress
+
+    stream = io.StringIO()
+    bar = _Progress(stream, bar=True)
+    bar.line("data: x")
+    bar.tick(3, 12)
+    bar.line("[pull-parquet/data] parquet rep 1/3: ...")
+    bar.close()
+    text = stream.getvalue()
+    assert text.startswith("data: x\n")
+    assert "[#######" in text and "] 3/12 passes" in text
+    # a line printed while the bar shows clears it first and redraws it after
+    assert "\r\033[K[pull-parquet/data] parquet rep 1/3: ...\n\r\033[K[" in text
+    plain = io.StringIO()
+    quiet = _Progress(plain, bar=False)
+    quiet.tick(1, 2)
+    quiet.line("x")
+    assert plain.getvalue() == "x\n"
