@@ -130,8 +130,8 @@ def _flatten(name: str, arr: pa.Array, spec: ColumnSpec) -> _Flat:
                 raise SchemaError(
                     f"column {name!r} has {int(bad.sum())} null element(s) inside its lists (the "
                     f"first in row {row} of this batch); a TFRecord feature cannot hold nulls "
-                    f"inside a list. Give a fill value (fill_values={{{name!r}: 0}}) or remove "
-                    f"the nulls first."
+                    f"inside a list. Replace them before exporting, e.g. df.withColumn("
+                    f"{name!r}, expr('transform({name}, x -> coalesce(x, 0))')), or drop those rows."
                 )
             cur = cur.fill_null(
                 pa.scalar(spec.fill if spec.fill is not None else _zero(cur.type), type=cur.type)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
-from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, write_partition
+from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
 
 __all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
@@ -150,11 +150,23 @@ def write_tfrecords(
         SchemaError: a column TF cannot hold (named), before any file is written.
         StorageError: the output exists (mode="error") or cannot be written.
     """
+    if not (hasattr(df, "mapInArrow") and hasattr(df, "schema")):
+        raise TypeError(
+            f"write_tfrecords: df must be a Spark DataFrame, got {type(df).__name__}; for a "
+            f"Parquet dataset on storage use formats.parquet_to_tfrecords(spark, src, path)."
+        )
     comp = normalize_compression(compression)
-    if num_files is not None and (not isinstance(num_files, int) or num_files < 1):
+    if num_files is not None and (
+        not isinstance(num_files, int) or isinstance(num_files, bool) or num_files < 1
+    ):
         raise ValueError(f"num_files must be a positive int or None, got {num_files!r}.")
     if mode not in ("error", "overwrite"):
         raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
+    if not df.columns:
+        raise SchemaError(
+            "write_tfrecords: the DataFrame has no columns, so its records would be empty. "
+            "Select the columns to write (df.select('features', 'label'))."
+        )
     arrow_schema = spark_arrow_schema(df.schema)
     specs = column_specs(arrow_schema, flatten_structs=flatten_structs)
     out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode)
@@ -162,7 +174,13 @@ def write_tfrecords(
     try:
         data = df.repartition(num_files) if num_files else df
         with job_progress(df.sparkSession, progress):
-            stats = data.mapInArrow(task, STATS_SCHEMA).collect()
+            try:
+                stats = data.mapInArrow(task, STATS_SCHEMA).collect()
+            except Exception as exc:
+                ours = task_error(exc)
+                if ours is None:
+                    raise
+                raise ours from exc
         return out.commit(
             stats, specs=specs, compression=comp,
             spark_schema=None if flatten_structs else df.schema.jsonValue(),
@@ -295,6 +313,13 @@ def read_tfrecords(
     elif isinstance(schema, pa.Schema):
         specs = column_specs(schema)
     elif schema is not None:
+        if isinstance(schema, (str, bytes)) or not isinstance(schema, (list, tuple)) or not all(
+            isinstance(s, ColumnSpec) for s in schema
+        ):
+            raise ValueError(
+                f"read_tfrecords: schema must be None, a schema file path, a TFRecordSchema, a "
+                f"pyarrow.Schema or a list of formats.ColumnSpec; got {type(schema).__name__}."
+            )
         specs = list(schema)
     else:
         specs = _infer(fs, files, comps, sample, loc.url)

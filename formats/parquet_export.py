@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_specs
-from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, write_partition
+from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
 
 __all__ = ["parquet_to_tfrecords", "parquet_spark_schema", "partition_dirs"]
@@ -372,6 +372,11 @@ def parquet_to_tfrecords(
                     f"but {f.dataType.simpleString()} in {first.path}; the files of one dataset "
                     f"must agree. Rewrite the odd file, or drop or cast the column."
                 )
+    if not spark_schema.fields:
+        raise SchemaError(
+            f"{loc.url}: the Parquet files have no columns ({first.path} and the rest), so "
+            f"their records would be empty. Rewrite them with at least one column."
+        )
     target = spark_arrow_schema(spark_schema)
     specs = column_specs(target, flatten_structs=flatten_structs)
     groups = [g for info in infos for g in info.row_groups]
@@ -386,12 +391,18 @@ def parquet_to_tfrecords(
             )
             sc = _spark_context(spark)
             with job_progress(spark, progress):
-                if sc is not None:  # a plain RDD job starts ~40 ms faster than a SQL one
-                    stats = sc.parallelize(range(len(plan)), len(plan)).mapPartitions(
-                        task.rdd_partition).collect()
-                else:  # Spark Connect: no RDDs
-                    ids = spark.range(0, len(plan), 1, numPartitions=len(plan))
-                    stats = ids.mapInArrow(task, STATS_SCHEMA).collect()
+                try:
+                    if sc is not None:  # a plain RDD job starts ~40 ms faster than a SQL one
+                        stats = sc.parallelize(range(len(plan)), len(plan)).mapPartitions(
+                            task.rdd_partition).collect()
+                    else:  # Spark Connect: no RDDs
+                        ids = spark.range(0, len(plan), 1, numPartitions=len(plan))
+                        stats = ids.mapInArrow(task, STATS_SCHEMA).collect()
+                except Exception as exc:
+                    ours = task_error(exc)
+                    if ours is None:
+                        raise
+                    raise ours from exc
         return out.commit(
             stats, specs=specs, compression=comp,
             spark_schema=None if flatten_structs else spark_schema.jsonValue(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -32,7 +33,9 @@ from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_array
 from formats.tfrecord import compression_suffix
 
-__all__ = ["ExportResult", "STATS_SCHEMA", "StagedOutput", "write_partition", "job_progress"]
+__all__ = [
+    "ExportResult", "STATS_SCHEMA", "StagedOutput", "write_partition", "job_progress", "task_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,33 @@ class ExportResult:
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+_TASK_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(SchemaError|RecordError|StorageError): (.+)$")
+
+
+def task_error(exc: BaseException) -> Exception | None:
+    """The error one of our Spark tasks raised, rebuilt on the driver, or None.
+
+    A failed job reaches the driver as Spark's own exception (``PythonException``,
+    ``Py4JJavaError``) whose text holds the task's Python traceback. When its last exception
+    is a :class:`SchemaError`, :class:`RecordError` or :class:`StorageError`, the export call
+    raises that type with that message (``from`` Spark's exception), so callers catch what
+    they would catch from a check on the driver.
+    """
+    from formats.errors import RecordError
+
+    text = str(exc)
+    if "Traceback (most recent call last)" not in text:
+        return None
+    tail = text.rsplit("Traceback (most recent call last)", 1)[1].splitlines()
+    for line in reversed(tail):
+        m = _TASK_ERROR.match(line)
+        if m:
+            kind = {"SchemaError": SchemaError, "RecordError": RecordError,
+                    "StorageError": StorageError}[m.group(1)]
+            return kind(m.group(2).strip())
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,9 +141,8 @@ def write_partition(
                     nulls[s.name] += column_array(batch, s.name).null_count
                 records = encode_example_array(batch, specs)
             except SchemaError as exc:
-                if source is None:
-                    raise
-                raise SchemaError(f"{source}: {exc}") from exc
+                # The source file says where the bad rows are; without one, the partition does.
+                raise SchemaError(f"{source or f'partition {pid}'}: {exc}") from exc
             write_record_array(stream, records)
             rows += batch.num_rows
     finally:
