@@ -96,7 +96,14 @@ def _assemble(arrays: dict[str, np.ndarray], cols: Sequence[str], shape: Sequenc
 def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
     import keras
 
-    model = keras.models.load_model(path, compile=False)
+    try:
+        model = keras.models.load_model(path, compile=False)
+    except (ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(
+            f"predict: cannot load {path!r} as a Keras model ({first}). Pass a .keras or .h5 "
+            f"file (model.save('model.keras')) or a SavedModel directory (model.export(path))."
+        ) from exc
     if layer is not None:
         try:
             target = model.get_layer(layer)
@@ -255,6 +262,24 @@ def _dense_shapes(batch: pa.RecordBatch, cols: Sequence[str]) -> dict[str, tuple
     return shapes
 
 
+def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str]) -> None:
+    """A list column whose rows differ in length cannot feed a model input: name the column,
+    the rows and the fix (rather than to_numpy's advice to declare it ragged)."""
+    for c in cols:
+        arr = batch.column(c)
+        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or len(arr) < 2:
+            continue
+        lengths = np.asarray(arr.value_lengths().fill_null(-1))
+        odd = np.flatnonzero(lengths != lengths[0])
+        if odd.size:
+            raise SchemaError(
+                f"predict: column {c!r} holds lists of different lengths (row 0 of this batch has "
+                f"{lengths[0]} values, row {int(odd[0])} has {lengths[odd[0]]}; -1 is a null "
+                f"list); a model input needs the same length in every row. Pad or filter the "
+                f"rows first."
+            )
+
+
 class _PredictBatches:
     """The mapInArrow function: picklable state only; the model comes from the process cache."""
 
@@ -301,6 +326,7 @@ class _PredictBatches:
         for batch in batches:
             for start in range(0, batch.num_rows, self.batch_size):
                 chunk = batch.slice(start, self.batch_size)
+                _check_equal_lengths(chunk, self.input_cols)
                 specs = column_specs(
                     chunk.schema, columns=self.input_cols,
                     shapes=_dense_shapes(chunk, self.input_cols),
@@ -318,6 +344,20 @@ class _PredictBatches:
                     [*chunk.columns, self._column(out, chunk.num_rows)],
                     schema=chunk.schema.append(field),
                 )
+
+
+def _check_input_types(df: Any, cols: list[str]) -> None:
+    """A column TF cannot hold (map, decimal, struct, interval...) fails ``predict`` itself, not
+    the first action on its result."""
+    from formats.export import spark_arrow_schema
+
+    try:
+        from pyspark.sql.types import StructType
+
+        fields = StructType([f for f in df.schema.fields if f.name in cols])
+        column_specs(spark_arrow_schema(fields), columns=cols)
+    except SchemaError as exc:
+        raise SchemaError(f"predict: input {exc}") from exc
 
 
 def predict(
@@ -381,8 +421,27 @@ def predict(
             f"predict: output_col {output_col!r} is empty or already a column of the DataFrame "
             f"({df.columns}); pick a new name, e.g. output_col='prediction_1'."
         )
+    _check_input_types(df, list(input_cols))
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"predict: batch_size must be an int >= 1, got {batch_size!r}.")
+    if output_shape is not None and (
+        isinstance(output_shape, (str, bytes))
+        or not isinstance(output_shape, Sequence)
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in output_shape)
+    ):
+        raise ValueError(
+            f"predict: output_shape must be the per-row output shape as a list of ints >= 1 "
+            f"(e.g. (10,) for ten scores, () for one), got {output_shape!r}."
+        )
+    try:
+        numeric = np.dtype(output_dtype).kind in "iuf"
+    except TypeError:
+        numeric = False
+    if not numeric:
+        raise ValueError(
+            f"predict: output_dtype must name a numeric dtype such as 'float32' or 'int64', "
+            f"got {output_dtype!r}."
+        )
     if layer is not None and (not isinstance(layer, str) or not layer):
         raise ValueError(f"predict: layer must be a layer name or None, got {layer!r}.")
     model_path = os.fspath(model_path)

@@ -243,6 +243,16 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
             )
         cols = self.getInputCols()
         label = self.getLabelCol() or None
+        if not cols:
+            raise SchemaError(
+                "TFEstimator.fit: inputCols is empty; name the feature columns to push, e.g. "
+                "inputCols=['features']."
+            )
+        if label and label in cols:
+            raise SchemaError(
+                f"TFEstimator.fit: labelCol {label!r} is also one of inputCols {cols}; a column "
+                f"is pushed once. Drop it from inputCols, or set labelCol='' for no label."
+            )
         wanted = cols + ([label] if label else [])
         missing = [c for c in wanted if c not in dataset.columns]
         if missing:
@@ -254,9 +264,25 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
             value = self.getOrDefault(getattr(self, name))
             if value < 1:
                 raise ValueError(f"TFEstimator: {name} must be >= 1, got {value}.")
+        # Before any node starts: a column TF cannot hold fails here, naming it.
+        from formats.export import spark_arrow_schema
+        from formats.schema import column_specs
+
+        try:
+            from pyspark.sql.types import StructType
+
+            fields = StructType([f for f in dataset.schema.fields if f.name in wanted])
+            column_specs(spark_arrow_schema(fields), columns=wanted)
+        except SchemaError as exc:
+            raise SchemaError(f"TFEstimator.fit: {exc}") from exc
         export = self.getExportDir()
         if "://" not in export:
             export = os.path.abspath(export)
+            if os.path.exists(export) and not os.path.isdir(export):
+                raise StorageError(
+                    f"TFEstimator.fit: exportDir {export!r} is a file; the chief saves "
+                    f"{MODEL_FILE} inside a directory. Give a directory path."
+                )
         return cols, label, export
 
     def _fit(self, dataset: Any) -> "TFModel":

@@ -50,6 +50,11 @@ def grid_points(space: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
             list/tuple.
     """
     names = list(space)
+    if not names:
+        raise ValueError(
+            "tune: space is an empty grid (no params), so there is nothing to search; give each "
+            "param the values to try, e.g. {'lr': [0.1, 0.01]}."
+        )
     for name in names:
         if not isinstance(name, str) or not name:
             raise ValueError(f"tune: space key {name!r} is not a param name; use non-empty strings.")
@@ -234,16 +239,45 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
             )
         if "://" not in path:
             path = os.path.abspath(path)
+            _check_parquet_data(path)
         return TrialData(key=f"path:{path}", path=path)
     if hasattr(data, "sparkSession") and hasattr(data, "schema") and hasattr(data, "select"):
         # A Spark DataFrame: collect it once on the driver as Arrow, then broadcast the table.
         import pyarrow as pa
 
+        _no_columns_check(list(data.columns), "the data DataFrame")
         table = data.toArrow() if hasattr(data, "toArrow") else pa.Table.from_pandas(
             data.toPandas(), preserve_index=False
         )
         data = table
     return TrialData(key=f"broadcast:{uuid.uuid4().hex}", broadcast=sc.broadcast(data))
+
+
+def _no_columns_check(columns: list[str], what: str) -> None:
+    if not columns:
+        from dataplane.errors import SchemaError
+
+        raise SchemaError(
+            f"tune: {what} has no columns, so every trial would get empty data. Select the "
+            f"columns train_fn reads (df.select('features', 'label')), or pass data=None."
+        )
+
+
+def _check_parquet_data(path: str) -> None:
+    """Read a local data path's Parquet footers on the driver: a file that is not Parquet, or
+    data with no columns, fails ``tune`` itself instead of every trial on the executors."""
+    import pyarrow.dataset as ds
+
+    from dataplane.errors import StorageError
+
+    try:
+        schema = ds.dataset(path, format="parquet").schema
+    except (OSError, ValueError) as exc:
+        raise StorageError(
+            f"tune: the data at {path!r} is not readable as Parquet ({exc}). Pass a Parquet "
+            f"file or directory (only Parquet files in it), or the data itself."
+        ) from exc
+    _no_columns_check(list(schema.names), f"the data at {path!r}")
 
 
 def _value_type(values: list[Any]) -> str:
