@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int = _EXIT_USAGE) -> int:
-    print(f"dataplane export: error: {message}", file=sys.stderr)
+    print(f"dataplane export: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
 
 
@@ -94,8 +94,10 @@ class _Bar:
             sys.stderr.flush()
 
 
-def _spark(master: str | None) -> Any:
+def _spark(master: str | None, verbose: int = 0) -> Any:
     from pyspark.sql import SparkSession
+
+    from dataplane.commands.console import spark_log_level
 
     builder = SparkSession.builder.appName("dataplane-export")
     if master and master.startswith("sc://"):
@@ -111,7 +113,8 @@ def _spark(master: str | None) -> Any:
             "spark.driver.bindAddress", local_ip
         )
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    # Not ERROR: a failed task's traceback is an ERROR line, and the one-line message says it.
+    spark.sparkContext.setLogLevel(spark_log_level(verbose))
     return spark
 
 
@@ -193,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     started = time.perf_counter()
-    spark = _spark(args.master)
+    spark = _spark(args.master, getattr(args, "verbose", 0))
     try:
         return _export(spark, args, src, dst, dst_created, source_format, compression, started)
     finally:
@@ -296,27 +299,27 @@ def _check_parquet(src: Any, *, flatten_structs: bool) -> str | None:
 
     Reads only the footers, on this machine, so these mistakes cost no Spark start-up.
     """
-    import pyarrow.dataset as ds
-
-    from dataplane.errors import SchemaError
+    from dataplane.errors import SchemaError, StorageError
+    from feeders.parquet import plan_parquet
     from formats.schema import column_specs
 
+    # Every file's footer, as the pull reader reads them: a file that is not Parquet and
+    # columns whose type differs between files are named here, before Spark starts.
     try:
-        dataset = ds.dataset(src.path, format="parquet", filesystem=src.filesystem)
-        schema = dataset.schema
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError/...
+        plan = plan_parquet(src.url, filesystem=src.filesystem)
+    except StorageError as exc:
         return f"cannot read SRC {src.url} as Parquet: {exc}"
-    if not schema.names:
-        return f"SRC {src.url} has no columns (no Parquet files?)."
-    try:
-        column_specs(schema, flatten_structs=flatten_structs)
     except SchemaError as exc:
         return f"SRC {src.url} cannot be exported: {exc}"
+    if not plan.schema.names and not _partitioned(src):
+        return (f"SRC {src.url} has no columns ({src.display(plan.files[0])} and the rest); "
+                f"write it from a DataFrame with at least one column.")
     try:
-        if dataset.count_rows() == 0:
-            return f"SRC {src.url} has no rows; there is nothing to export."
-    except Exception as exc:  # noqa: BLE001
-        return f"cannot read SRC {src.url} as Parquet: {exc}"
+        column_specs(plan.schema, flatten_structs=flatten_structs)
+    except SchemaError as exc:
+        return f"SRC {src.url} cannot be exported: {exc}"
+    if plan.num_rows == 0:
+        return f"SRC {src.url} has no rows; there is nothing to export."
     return None
 
 

@@ -173,11 +173,15 @@ def run(args: argparse.Namespace) -> int:
     """Print the description of ``args.path``; 1 with a message on stderr when it cannot."""
     from dataplane.errors import DataplaneError
 
+    if args.sample < 1:
+        print(f"dataplane inspect: error: --sample must be at least 1 (records to infer the "
+              f"schema from), got {args.sample}.", file=sys.stderr)
+        return 2
     try:
         info = describe(args.path, fmt=args.fmt, compression=args.compression,
                         sample=args.sample, count=not args.no_count)
     except (DataplaneError, ValueError, OSError) as exc:
-        print(f"dataplane inspect: error: {exc}", file=sys.stderr)
+        print(f"dataplane inspect: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return _EXIT_FAILED
     print(json.dumps(info, indent=1) if args.json else _render(info))
     return 0
