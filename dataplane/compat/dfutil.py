@@ -73,18 +73,33 @@ def loadTFRecords(sc: Any, input_dir: str, binary_features: Sequence[str] = ()) 
             ``hdfs://``.
         binary_features: ``bytes_list`` features to load as binary instead of string.
     """
-    import tensorflow as tf
     from pyspark.sql import SparkSession
 
     from formats.export import read_tfrecords, spark_arrow_schema
 
     spark = sc if hasattr(sc, "createDataFrame") else SparkSession.builder.getOrCreate()
-    example = tf.train.Example()
-    example.ParseFromString(_first_record(input_dir))
-    schema = infer_schema(example, list(binary_features))
+    schema = _schema_of_record(_first_record(input_dir), list(binary_features))
     df = read_tfrecords(spark, input_dir, schema=spark_arrow_schema(schema))
     loadedDF[df] = input_dir
     return df
+
+
+def _schema_of_record(record: bytes, binary_features: Sequence[str]) -> Any:
+    """:func:`infer_schema` of one serialized Example, decoded without TensorFlow."""
+    from pyspark.sql import types as T
+
+    from formats.example_decode import infer_specs
+
+    base = {"int64": T.LongType(), "float32": T.FloatType(), "string": T.StringType()}
+    fields = []
+    for spec in sorted(infer_specs([record], name="the first record"), key=lambda s: s.name):
+        if spec.name in binary_features:
+            fields.append(T.StructField(spec.name, T.BinaryType(), True))
+            continue
+        kind = base.get(spec.dtype, T.StringType())
+        kind = T.DoubleType() if isinstance(kind, T.FloatType) else kind
+        fields.append(T.StructField(spec.name, kind if spec.shape == () else T.ArrayType(kind), True))
+    return T.StructType(fields)
 
 
 def infer_schema(example: Any, binary_features: Sequence[str] = ()) -> Any:
