@@ -307,7 +307,17 @@ class _ChunkStream:
             except StopIteration:
                 return
             except (OSError, pa.ArrowInvalid) as exc:
-                raise storage_error(exc, "read the Parquet data of", self.loc.url) from exc
+                # The scanner reads files ahead and does not say which one failed.
+                files = sorted({p for p, _ in self.units})
+                where = self.loc.display(files[0]) if len(files) == 1 else (
+                    f"{self.loc.url} (one of its {len(files)} files)")
+                err = storage_error(exc, "read the Parquet data of", where)
+                if isinstance(exc, pa.ArrowInvalid) or "orrupt" in str(exc):
+                    err = StorageError(
+                        f"{err} A file whose footer reads but whose pages do not is damaged (or "
+                        f"was changed while being read); rewrite it."
+                    )
+                raise err from exc
             path = item.fragment.path
             if path not in checked:
                 self._check_file(path, item.fragment.physical_schema)

@@ -89,7 +89,7 @@ CASES = [
          StorageError, ("part-00000.parquet", "not a readable Parquet file", "Remove it")),
     # ------------------------------------------------------------------ parquet: shapes
     Case(PQ, "ragged-rows-declared-dense", _pq(RAGGED, shapes={"v": [2]}), Exception,
-         ("'v'", "dense shape (2,)", "row 1", "ragged"), stage="iterate"),
+         ("SchemaError", "'v'", "dense shape (2,)", "row 1", "ragged"), stage="iterate"),
     Case(PQ, "shape-not-a-list", _pq(RAGGED, shapes={"v": 2}), ValueError, ("shapes['v']", "2", "[28, 28]")),
     Case(PQ, "shape-on-a-scalar", _pq(RAGGED, shapes={"id": [3]}), SchemaError,
          ("'id'", "is a scalar", "(3,)")),
@@ -102,6 +102,8 @@ CASES = [
          StorageError, ("no data files", "check the path")),
     Case(PQ, "not-a-parquet-file", _at(lambda env: bad.not_parquet(env.dir("d")), feeders.parquet_dataset),
          StorageError, ("a.parquet", "not a readable Parquet file")),
+    Case(PQ, "corrupt-page-data", _at(lambda env: _damaged_pages(env.dir("d")), feeders.parquet_dataset),
+         Exception, ("StorageError", "a.parquet", "damaged", "rewrite it"), stage="iterate"),
     Case(PQ, "unsupported-url-scheme", lambda env: lambda: feeders.parquet_dataset("gs://bucket/data"),
          StorageError, ("'gs'", "gs://bucket/data", "filesystem=")),
     # ------------------------------------------------------------------ parquet: arguments
@@ -147,6 +149,17 @@ CASES = [
     Case(TF, "unknown-compression", _tf(OK, compression="LZ4"), ValueError, ("'LZ4'", "GZIP")),
     Case(TF, "sample-zero", _tf(OK, sample=0), ValueError, ("sample", "got 0")),
 ]
+
+
+def _damaged_pages(d):
+    """A Parquet file whose footer reads but whose first data pages are zeroed."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(numeric_table(500), d / "a.parquet", compression="snappy")
+    raw = bytearray((d / "a.parquet").read_bytes())
+    raw[200:1200] = bytes(1000)
+    (d / "a.parquet").write_bytes(bytes(raw))
+    return d
 
 
 def _tf_drift(env: Env):
