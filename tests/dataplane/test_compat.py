@@ -82,3 +82,68 @@ def test_spark_only_calls_refused_in_tensorflow_mode(spark):
         TFCluster.run(sc, feed_and_answer_main, {}, 1, 0, driver_ps_nodes=True)
     with pytest.raises(ValueError, match="eval_node"):
         TFCluster.run(sc, feed_and_answer_main, {}, 2, 0, False, InputMode.SPARK, eval_node=True)
+
+
+def test_hdfs_path_follows_tfos_rules():
+    from types import SimpleNamespace
+
+    from dataplane.compat import TFNode
+
+    hdfs = SimpleNamespace(defaultFS="hdfs://nn:8020", working_dir="/work/dir")
+    local = SimpleNamespace(defaultFS="file://", working_dir="/work/dir")
+    assert TFNode.hdfs_path(hdfs, "s3a://b/k") == "s3a://b/k"
+    assert TFNode.hdfs_path(hdfs, "/data/x") == "hdfs://nn:8020/data/x"
+    assert TFNode.hdfs_path(hdfs, "data/x").startswith("hdfs://nn:8020/user/")
+    assert TFNode.hdfs_path(local, "/data/x") == "file:///data/x"
+    assert TFNode.hdfs_path(local, "data/x") == "file:///work/dir/data/x"
+
+
+def test_tf1_names_are_refused_with_their_tf2_replacement():
+    from dataplane.compat import TFNode
+    from dataplane.compat.pipeline import HasInputMode, TFEstimator, get_meta_graph_def
+
+    with pytest.raises(NotImplementedError, match="tf.distribute"):
+        TFNode.start_cluster_server(None)
+    with pytest.raises(NotImplementedError, match="compat.export_saved_model"):
+        TFNode.export_saved_model(None, "/x", "serve", {})
+    for fn in (TFNode.next_batch, TFNode.batch_results, TFNode.terminate):
+        with pytest.raises(NotImplementedError, match="DataFeed"):
+            fn(None, 1)
+    with pytest.raises(NotImplementedError, match="tf.saved_model.load"):
+        get_meta_graph_def("/x", "serve")
+    with pytest.raises(ValueError, match="compat.export_saved_model"):
+        TFEstimator(len, {}, export_fn=len)
+    with pytest.raises(ValueError, match="InputMode.TENSORFLOW"):
+        TFEstimator(len, {}).setInputMode(InputMode.TENSORFLOW)
+    assert issubclass(TFEstimator, HasInputMode)
+
+
+def test_pipeline_params_keep_tfos_names_and_pass_to_the_model():
+    from dataplane.compat.pipeline import Namespace, TFEstimator, TFModel
+
+    est = (TFEstimator(len, {"rows": 10}).setInputMapping({"b": "x", "a": "y"})
+           .setClusterSize(2).setEpochs(3).setBatchSize(8).setExportDir("/e").setGraceSecs(5))
+    args = est.merge_args_params()
+    assert (args.rows, args.cluster_size, args.epochs, args.batch_size, args.export_dir,
+            args.master_node, args.num_ps) == (10, 2, 3, 8, "/e", "chief", 0)
+    model = est._copyValues(TFModel(est.args))
+    assert (model.getExportDir(), model.getBatchSize(), model.getInputMapping()) == (
+        "/e", 8, {"b": "x", "a": "y"})
+    assert model.getSignatureDefKey() is None and Namespace(["--x", "1"]).argv == ["--x", "1"]
+
+
+def test_without_master_node_every_node_is_a_worker_as_in_tfos():
+    from types import SimpleNamespace
+
+    from dataplane.compat.TFCluster import _as_workers_only
+
+    spec = {"chief": ["h:1"], "worker": ["h:2", "h:3"]}
+    chief = SimpleNamespace(cluster_spec={k: list(v) for k, v in spec.items()},
+                            job_name="chief", task_index=0)
+    worker = SimpleNamespace(cluster_spec={k: list(v) for k, v in spec.items()},
+                             job_name="worker", task_index=1)
+    _as_workers_only(chief)
+    _as_workers_only(worker)
+    assert (chief.job_name, chief.task_index, worker.job_name, worker.task_index) == (
+        "worker", 0, "worker", 2)
+    assert chief.cluster_spec == {"worker": ["h:1", "h:2", "h:3"]}
