@@ -88,6 +88,10 @@ class Cluster:
         num_epochs: int = 1,
         feed_timeout: float = 600.0,
         *,
+        cache: bool = False,
+        shuffle: bool = False,
+        seed: int | None = None,
+        validation: Any = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> FeedReport:
         """Push every row of ``df`` into the workers, ``num_epochs`` times.
@@ -102,13 +106,40 @@ class Cluster:
         ``df`` should be deterministic per partition (cached, or read from files): a retried
         task must produce the same rows for exactly-once delivery.
 
+        Args:
+            df: the training rows; read on the nodes with ``ctx.dataset(...)``.
+            num_epochs: passes over ``df``.
+            feed_timeout: seconds the whole call may take.
+            cache: push ``df`` once (one Spark job) and let every worker replay its share for
+                the later epochs itself, from memory up to ``run(cache_bytes=...)`` and from
+                Arrow IPC files in its work directory beyond that (removed at shutdown).
+                Training ``df`` again with ``cache=True`` replays it with no Spark job.
+            shuffle: every epoch yields each worker's rows in a different order, seeded by
+                ``seed``: a cached epoch is replayed in a random order of the batches the node
+                received, and on every epoch, cached or not, rows are permuted within windows
+                of about one feed buffer (``run(buffer_bytes=...)``) as they stream. So rows
+                move across the whole epoch in batch-sized groups and freely within a window;
+                ``dataplane bench train`` reports how far rows move between epochs.
+            seed: the shuffle's seed (the same seed gives the same orders).
+            validation: a second DataFrame, pushed alongside (after each training epoch, one
+                pass) and read with ``ctx.dataset(split="validation")``, so
+                ``fit(train_ds, validation_data=val_ds)`` works, under MWMS too (every worker
+                yields the same number of validation batches). Cached with ``cache=True``.
+
+        Returns:
+            A :class:`FeedReport`: rows, bytes, seconds, rows per node and per split, rows
+            dropped for balance, rows unconsumed per node, and the Spark jobs that pushed.
+
         Raises:
             NodeError: a node's main raised or its process died during the feed.
             SchemaError: ``df`` has no columns, or a column no tensor can hold.
             FeedError: the feeding job failed or did not finish within ``feed_timeout``.
         """
         self._check_running("train")
-        return self._feeder.train(df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress)
+        return self._feeder.train(
+            df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress, cache=cache,
+            shuffle=shuffle, seed=seed, validation=validation,
+        )
 
     def inference(
         self,

@@ -86,6 +86,8 @@ class NodeContext:
         fill_values: Mapping[str, Any] | None = None,
         prefetch: int = 2,
         repeat: bool = False,
+        split: str = "train",
+        decode: Mapping[str, Any] | None = None,
     ):
         """A ``tf.data.Dataset`` of the rows the driver pushes with ``cluster.train``.
 
@@ -116,6 +118,13 @@ class NodeContext:
             fill_values: values replacing nulls per column (default: a null is an error).
             prefetch: batches prepared ahead of the training step.
             repeat: one stream over every pushed epoch (see above).
+            split: ``"train"`` (the default) or ``"validation"``: the rows of
+                ``cluster.train(..., validation=df_val)``, one pass per epoch.
+            decode: binary columns to decode on the node, inside tf.data and in parallel:
+                ``{"image": "jpeg"}``, ``"png"`` (uint8 ``[batch, h, w, c]``; the images of a
+                batch must share a size) or ``("raw", dtype, shape)`` (e.g.
+                ``("raw", "float32", (28, 28))``). A value that does not decode fails the pass
+                with an error naming the column and the row.
 
         Raises:
             ValueError: ``batch_size`` not positive, or ``label`` also in ``features``.
@@ -128,6 +137,8 @@ class NodeContext:
             )
         from feeders.source import push_dataset
 
+        if split not in ("train", "validation"):
+            raise ValueError(f"ctx.dataset(split=...) must be 'train' or 'validation', got {split!r}")
         return push_dataset(
             self._buffer,
             batch_size=batch_size,
@@ -138,8 +149,9 @@ class NodeContext:
             shapes=shapes,
             fill_values=fill_values,
             prefetch=prefetch,
-            next_epoch=self._next_epoch,
             repeat=repeat,
+            split=split,
+            decode=decode,
         )
 
     def serve(self, predict: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> None:

@@ -43,7 +43,9 @@ class FeedReport:
             ``steps_per_epoch``), an epoch's tail cut by ``drop_remainder``, or rows pushed
             after its main had returned. Rows TensorFlow had already prefetched when a pass was
             left count as consumed.
-        spark_jobs: Spark jobs that pushed data.
+        spark_jobs: Spark jobs that pushed data (one per DataFrame with ``cache=True``, none
+            when the workers already hold it; one per epoch and DataFrame otherwise).
+        rows_per_split: rows pushed or replayed per split (``"train"``, ``"validation"``).
         epochs: epoch ids used for this feed.
         messages: notes for the user (e.g. a node that stopped consuming early).
     """
@@ -55,6 +57,7 @@ class FeedReport:
     dropped_for_balance: int
     rows_unconsumed: dict[int, int] = field(default_factory=dict)
     spark_jobs: int = 0
+    rows_per_split: dict[str, int] = field(default_factory=dict)
     epochs: list[int] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
 
@@ -107,10 +110,36 @@ class _Epoch:
 
     epoch: int
     workers: list[NodeInfo]
+    split: str = "train"
+    source: "_Split | None" = None
+    record: str | None = None  # the nodes keep this epoch's rows under this cache id
+    replay: str | None = None  # the nodes replay this cache instead of a Spark job
     assigned: dict[int, int] = field(default_factory=dict)  # node -> rows the split gave it
     received: dict[int, int] = field(default_factory=dict)
     limit: int | None = None
     reading: set[int] = field(default_factory=set)  # nodes told the limit
+
+
+@dataclass
+class _Split:
+    """One DataFrame a train() call pushes: "train", or "validation"."""
+
+    name: str
+    df: Any
+    schema: pa.Schema
+    schema_ipc: bytes
+    shapes: dict[str, tuple[int, ...]]
+
+
+@dataclass
+class _Cached:
+    """A DataFrame the workers hold in their caches (train(cache=True))."""
+
+    ref: Any  # weakref to the DataFrame
+    cache_id: str
+    schema_ipc: bytes
+    workers: tuple[int, ...]
+    assigned: dict[int, int] = field(default_factory=dict)  # node -> rows recorded for it
 
 
 class Feeder:
@@ -145,6 +174,7 @@ class Feeder:
         self._failure = failure
         self._epoch = 0
         self._push_frame: tuple[Any, ...] | None = None  # the reusable push job (classic Spark)
+        self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
         self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
 
     # -- helpers ------------------------------------------------------------------------------
@@ -265,6 +295,24 @@ class Feeder:
         )
 
     # -- train --------------------------------------------------------------------------------
+    def _split(self, name: str, df: Any) -> _Split:
+        from pyspark.sql.types import StructType
+
+        what = "train()" if name == "train" else "train(validation=...)"
+        if not hasattr(df, "mapInArrow") or not isinstance(getattr(df, "schema", None), StructType):
+            raise TypeError(f"{what} needs a Spark DataFrame, got {type(df).__name__}")
+        schema = arrow_schema_of(df)
+        if len(schema) == 0:
+            raise SchemaError(
+                f"{what} got a DataFrame with no columns; select the feature and label columns "
+                f"to push (df.select('features', 'label'))."
+            )
+        from formats.schema import column_specs
+
+        column_specs(schema)  # unsupported column types fail here, naming the column
+        shapes = self._shapes_of(df, lambda: _array_shapes(df, schema))
+        return _Split(name, df, schema, schema.serialize().to_pybytes(), shapes)
+
     def train(
         self,
         df: Any,
@@ -272,67 +320,143 @@ class Feeder:
         num_epochs: int,
         feed_timeout: float,
         progress: Callable[[dict[str, Any]], None] | None = None,
+        cache: bool = False,
+        shuffle: bool = False,
+        seed: int | None = None,
+        validation: Any = None,
     ) -> FeedReport:
-        from pyspark.sql.types import StructType
-
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
-        if not hasattr(df, "mapInArrow") or not isinstance(getattr(df, "schema", None), StructType):
-            raise TypeError(f"train() needs a Spark DataFrame, got {type(df).__name__}")
-        schema = arrow_schema_of(df)
-        if len(schema) == 0:
-            raise SchemaError(
-                "train() got a DataFrame with no columns; select the feature and label columns "
-                "to push (df.select('features', 'label'))."
-            )
-        from formats.schema import column_specs
-
-        column_specs(schema)  # unsupported column types fail here, naming the column
-        shapes = self._shapes_of(df, lambda: _array_shapes(df, schema))
-        schema_ipc = schema.serialize().to_pybytes()
+        for name, value in (("cache", cache), ("shuffle", shuffle)):
+            if not isinstance(value, bool):
+                raise TypeError(f"train({name}=...) must be True or False, got {value!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"train(seed=...) must be an int or None, got {seed!r}")
+        if not (isinstance(feed_timeout, (int, float)) and feed_timeout > 0):
+            raise ValueError(f"feed_timeout must be > 0 seconds, got {feed_timeout!r}")
+        splits = [self._split("train", df)]
+        if validation is not None:
+            splits.append(self._split("validation", validation))
         t0 = time.monotonic()
         deadline = t0 + feed_timeout
         report = FeedReport(0, 0, 0.0, {}, 0)
-        books: list[_Epoch] = []
         workers = self._live_workers()
         if not workers:
             raise FeedError(
                 "train(): every chief and worker's main has returned (or failed), so nothing "
                 "would read the data; cluster.shutdown() reports how each main ended."
             )
-        # Every epoch of this call is announced up front: a node whose repeat=True stream ends
-        # (fit with steps_per_epoch done before the data) closes all of them at once, and no
-        # later epoch of this call can be mistaken for the next program step's data.
-        for _ in range(num_epochs):
-            books.append(_Epoch(self._epoch, list(workers)))
-            self._epoch += 1
+        ids = tuple(n.node_id for n in workers)
+        caches: dict[str, tuple[str, bool]] = {}  # split -> (cache id, already recorded)
+        if cache:
+            for sp in splits:
+                caches[sp.name] = self._cache_for(sp, workers, ids)
+        # Every epoch of this call is announced up front (train, then validation, per epoch): a
+        # node whose repeat=True stream ends (fit with steps_per_epoch done before the data)
+        # closes all of them at once, and no epoch of this call can be mistaken for the next
+        # program step's data.
+        books: list[_Epoch] = []
+        for e in range(num_epochs):
+            for sp in splits:
+                ep = _Epoch(self._epoch, list(workers), sp.name, sp)
+                self._epoch += 1
+                if sp.name in caches:
+                    cid, recorded = caches[sp.name]
+                    if recorded or e > 0:
+                        ep.replay = cid
+                    else:
+                        ep.record = cid
+                books.append(ep)
         for ep in books:
-            begin = BeginEpoch(ep.epoch, schema_ipc, shapes).to_json()
+            sp = ep.source
+            begin = BeginEpoch(ep.epoch, sp.schema_ipc, sp.shapes, split=sp.name, shuffle=shuffle,
+                               seed=seed, record=ep.record, replay=ep.replay).to_json()
             self._each(workers, Action.BEGIN_EPOCH, lambda n: begin)
         for ep in books:
             report.epochs.append(ep.epoch)
-            pushed, properties = self._push_frame_for(df, workers, schema_ipc, ep.epoch)
-            job = SparkJob(self.spark, f"dataplane: push epoch {ep.epoch}", pushed.collect, properties)
-            rows = self._wait(job, deadline, f"pushing epoch {ep.epoch}", feed_timeout)
-            report.spark_jobs += 1
-            for r in rows:
-                nid = r["node_id"]
-                ep.assigned[nid] = ep.assigned.get(nid, 0) + r["rows_sent"] + r["rows_refused"]
-                report.bytes += r["bytes_sent"]
-            states = self._states(ep)
-            ep.received = {nid: st.rows for nid, st in states.items()}
-            reading = [n for n in workers if not states[n.node_id].closed and states[n.node_id].main == "running"]
-            ep.limit = min((ep.received[n.node_id] for n in reading), default=0)
-            self._each(reading, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
-            ep.reading = {n.node_id for n in reading}
+            if ep.replay is not None:
+                self._replay_epoch(ep, deadline, feed_timeout)
+            else:
+                self._push_epoch(ep, report, deadline, feed_timeout)
             report.rows += sum(ep.assigned.values())
+            report.rows_per_split[ep.split] = report.rows_per_split.get(ep.split, 0) + sum(ep.assigned.values())
             for nid, got in ep.received.items():
                 report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + got
             if progress is not None:
-                progress({"epoch": ep.epoch, "rows": report.rows, "seconds": time.monotonic() - t0})
+                progress({"epoch": ep.epoch, "split": ep.split, "rows": report.rows,
+                          "seconds": time.monotonic() - t0})
         self._settle(books, report, deadline, feed_timeout)
         report.seconds = time.monotonic() - t0
         return report
+
+    def _cache_for(self, sp: _Split, workers: Sequence[NodeInfo], ids: tuple[int, ...]) -> tuple[str, bool]:
+        """(cache id, recorded already) for ``sp``: the same live DataFrame pushed to the same
+        workers with cache=True before is replayed, with no Spark job at all; otherwise the
+        split's previous cache is dropped on the nodes and a new one is recorded."""
+        import uuid
+        import weakref
+
+        old = self._caches.get(sp.name)
+        if old is not None and old.ref() is sp.df and old.schema_ipc == sp.schema_ipc and old.workers == ids:
+            return old.cache_id, True
+        if old is not None:
+            self._drop_cache(old)
+        try:
+            ref = weakref.ref(sp.df)
+        except TypeError:
+            ref = lambda: None  # noqa: E731 - not weak-referenceable: never reused
+        new = _Cached(ref, uuid.uuid4().hex[:12], sp.schema_ipc, ids)
+        self._caches[sp.name] = new
+        return new.cache_id, False
+
+    def _drop_cache(self, old: _Cached) -> None:
+        live = [n for n in self._live_workers() if n.node_id in old.workers]
+        try:
+            self._each(live, Action.DROP_CACHE, lambda n: {"cache": old.cache_id})
+        except Exception as e:  # noqa: BLE001 - a node that cannot be told frees it at exit
+            logger.warning("could not drop cache %s on every node: %s", old.cache_id, e)
+
+    def _push_epoch(self, ep: _Epoch, report: FeedReport, deadline: float, timeout: float) -> None:
+        sp = ep.source
+        pushed, properties = self._push_frame_for(sp.df, ep.workers, sp.schema_ipc, ep.epoch)
+        what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
+        job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
+        rows = self._wait(job, deadline, what, timeout)
+        report.spark_jobs += 1
+        for r in rows:
+            nid = r["node_id"]
+            ep.assigned[nid] = ep.assigned.get(nid, 0) + r["rows_sent"] + r["rows_refused"]
+            report.bytes += r["bytes_sent"]
+        states = self._states(ep)
+        ep.received = {nid: st.rows for nid, st in states.items()}
+        reading = [n for n in ep.workers if not states[n.node_id].closed and states[n.node_id].main == "running"]
+        ep.limit = min((ep.received[n.node_id] for n in reading), default=0)
+        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
+        ep.reading = {n.node_id for n in reading}
+        if ep.record is not None:
+            self._caches[ep.split].assigned = dict(ep.assigned)
+
+    def _replay_epoch(self, ep: _Epoch, deadline: float, timeout: float) -> None:
+        """The nodes replay their caches: no Spark job; the limit is the smallest cache."""
+        while True:
+            replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
+            states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
+            rows = {nid: r.get("cache_rows") for nid, r in replies.items()}
+            if all(v is not None for v in rows.values()):
+                break
+            err = self._failure()
+            if err is not None:
+                raise err
+            if time.monotonic() > deadline:
+                raise self._timeout(f"replaying epoch {ep.epoch}", timeout)
+            time.sleep(0.05)
+        recorded = self._caches[ep.split].assigned
+        ep.assigned = {n.node_id: recorded.get(n.node_id, rows[n.node_id]) for n in ep.workers}
+        ep.received = {nid: int(v) for nid, v in rows.items()}
+        reading = [n for n in ep.workers if not states[n.node_id].closed and states[n.node_id].main == "running"]
+        ep.limit = min((ep.received[n.node_id] for n in reading), default=0)
+        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
+        ep.reading = {n.node_id for n in reading}
 
     def _states(self, ep: _Epoch) -> dict[int, EpochState]:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})

@@ -127,7 +127,11 @@ class _Node:
         from dataplane.rpc import PortRangeError
         from feeders.buffer import FeedBuffer
 
-        self.buffer = FeedBuffer(int(self.cfg["buffer_bytes"]))
+        self.buffer = FeedBuffer(
+            int(self.cfg["buffer_bytes"]),
+            cache_dir=os.path.join(self.workdir, "cache"),
+            cache_bytes=int(self.cfg.get("cache_bytes", 1 << 30)),
+        )
         self.broker = InferenceBroker()
         rng = self.cfg.get("port_range")
         ports = [0] if not rng else list(range(rng[0], rng[1] + 1))

@@ -170,11 +170,18 @@ class NodeServer(flight.FlightServerBase):
             return json_result({"node_id": self.node_id, "main": self.main_state})
         if name is Action.BEGIN_EPOCH:
             begin = BeginEpoch.from_json(body)
-            self.buffer.begin_epoch(
-                EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
-                          shapes=dict(begin.shapes))
-            )
-            return json_result({"ok": True, "main": self.main_state})
+            try:
+                reply = self.buffer.begin_epoch(
+                    EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
+                              shapes=dict(begin.shapes), split=begin.split, shuffle=begin.shuffle,
+                              seed=begin.seed, record=begin.record, replay=begin.replay)
+                )
+            except FeedError as e:
+                raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
+            return json_result({"ok": True, "main": self.main_state, **reply})
+        if name is Action.DROP_CACHE:
+            self.buffer.drop_cache(str(body["cache"]))
+            return json_result({"ok": True})
         if name is Action.END_EPOCH:
             self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
             return json_result({"ok": True})

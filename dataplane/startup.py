@@ -77,6 +77,7 @@ def run(
     node_timeout: float = 10.0,
     stop_grace: float = 10.0,
     max_chunk_bytes: int = _MiB,
+    cache_bytes: int = 1024 * _MiB,
     tls: tuple[bytes, bytes] | None = None,
 ) -> "Cluster":
     """Start ``num_nodes`` TF nodes on the executors and return once all have registered.
@@ -102,6 +103,8 @@ def run(
         node_timeout: the driver declares a node lost after this long without a heartbeat.
         stop_grace: seconds a node's main gets to return after shutdown before it is ended.
         max_chunk_bytes: largest Arrow batch a pushing task sends in one message.
+        cache_bytes: memory each worker may hold for ``train(cache=True)`` (default 1 GiB);
+            the rest of its share is spilled to Arrow IPC files in the node's work directory.
         tls: ``(cert_pem, key_pem)``: serve the nodes' Flight servers and the driver's control
             server over ``grpc+tls`` with this certificate, which every client trusts as its
             root (it must name the driver's and the executors' addresses). Default: plaintext
@@ -113,6 +116,11 @@ def run(
         NodeError: a node failed to start (the message carries its error).
     """
     _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range)
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(
+            f"cache_bytes must be an int >= 0 (bytes of memory per worker for train(cache=True); "
+            f"0 spills everything to disk), got {cache_bytes!r}"
+        )
     _validate_tls(tls)
     from pyspark import cloudpickle
 
@@ -131,6 +139,7 @@ def run(
     node_config = {
         "cluster_id": cluster_id,
         "buffer_bytes": int(buffer_bytes),
+        "cache_bytes": int(cache_bytes),
         "port_range": list(port_range) if port_range else None,
         "bind_host": bind_host,
         "heartbeat_interval": heartbeat_interval,

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from feeders.cache import EpochCache
 from formats.errors import FeedError
 from formats.schema import same_columns, schema_text
 
@@ -50,11 +51,21 @@ class EpochClosed(Exception):
 
 @dataclass
 class EpochInfo:
-    """What the driver announced for one epoch (``begin_epoch``)."""
+    """What the driver announced for one epoch (``begin_epoch``).
+
+    ``split``: which dataset reads it (``ctx.dataset(split=...)``). ``shuffle`` / ``seed``: the
+    rows come out in a seeded random order. ``record``: keep the rows in the node's cache under
+    this id. ``replay``: the epoch's rows come from that cache, not from Spark.
+    """
 
     epoch: int
     schema: pa.Schema
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    split: str = "train"
+    shuffle: bool = False
+    seed: int | None = None
+    record: str | None = None
+    replay: str | None = None
 
 
 @dataclass
@@ -69,23 +80,28 @@ class _Epoch:
     emitted: int = 0  # rows handed to TensorFlow
     closed: bool = False  # the consumer's pass has ended
     complete: bool = False  # ... by reaching the limit
-    dropped: int = 0  # rows received but never handed over (the pass left early)
+    feeding: bool = False  # rows are still being replayed from the cache
+    cache: EpochCache | None = None  # recording into it
 
 
 class FeedBuffer:
     """Bounded, deduplicating, epoch-ordered buffer between Flight and tf.data."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, *, cache_dir: str | None = None, cache_bytes: int = 1 << 30) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"buffer capacity must be > 0 bytes, got {capacity_bytes}")
         self.capacity = int(capacity_bytes)
+        self.cache_dir = cache_dir
+        self.cache_bytes = int(cache_bytes)
+        self._caches: dict[str, EpochCache] = {}
+        self._replayer: threading.Thread | None = None
+        self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
         self._cond = threading.Condition()
         self._epochs: dict[int, _Epoch] = {}
         self._bytes = 0
         self._stopped = False
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
-        self.next_epoch = 0  # the epoch the next dataset iteration will read
         self.metrics: dict[str, Any] = {
             "rows_in": 0,
             "bytes_in": 0,
@@ -100,41 +116,170 @@ class FeedBuffer:
             "epochs_begun": 0,
             "epochs_consumed": 0,
             "epochs_left_early": 0,
+            "cache_rows": 0,
+            "cache_memory_bytes": 0,
+            "cache_spilled_bytes": 0,
+            "cache_bytes_limit": self.cache_bytes,
         }
 
     # -- control (driver actions) ---------------------------------------------------------
-    def begin_epoch(self, info: EpochInfo) -> None:
+    def begin_epoch(self, info: EpochInfo) -> dict[str, Any]:
+        """Announce an epoch. A replayed one is fed from its cache once the cache is sealed
+        and every earlier epoch has all its rows (see ``_replay_loop``)."""
         with self._cond:
-            if info.epoch in self._epochs:
-                return  # idempotent: the driver may retry the action
+            if info.epoch in self._epochs:  # idempotent: the driver may retry the action
+                return {}
             ep = _Epoch(info)
             if self._consumer_done:
                 ep.closed = True
+            if info.record is not None:
+                cache = self._caches.get(info.record)
+                if cache is None:
+                    cache = EpochCache(info.record, info.schema,
+                                       directory=self.cache_dir or ".", memory_bytes=self.cache_bytes)
+                    self._caches[info.record] = cache
+                ep.cache = cache
+            if info.replay is not None:
+                if info.replay not in self._caches:
+                    raise FeedError(
+                        f"epoch {info.epoch}: replay of cache {info.replay!r}, which this node "
+                        f"does not hold; this is a bug in the driver."
+                    )
+                ep.feeding = not ep.closed
             self._epochs[info.epoch] = ep
+            self._announced.setdefault(info.split, deque()).append(info.epoch)
             self.metrics["epochs_begun"] += 1
+            if ep.feeding and self._replayer is None:
+                self._replayer = threading.Thread(target=self._replay_loop, daemon=True,
+                                                  name="dataplane-replay")
+                self._replayer.start()
             self._cond.notify_all()
+        return {}
 
-    def claim_epoch(self) -> int:
-        """The epoch the next pass over the pushed data reads (each pass claims the next)."""
+    def _replay_loop(self) -> None:
+        """Feed replayed epochs from their caches, one at a time in epoch order, each once
+        every earlier epoch has all its rows (so a later epoch never holds the buffer space an
+        earlier one still needs), under the same capacity as pushed rows."""
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopped:
+                        return
+                    waiting = sorted(e for e, o in self._epochs.items() if o.feeding)
+                    if waiting:
+                        ep = self._epochs[waiting[0]]
+                        cache = self._caches.get(ep.info.replay or "")
+                        if cache is None:  # dropped: nothing will come
+                            ep.feeding = False
+                            self._cond.notify_all()
+                            continue
+                        earlier_done = all(
+                            o.closed or (o.limit is not None and not o.feeding)
+                            for e, o in self._epochs.items() if e < ep.info.epoch
+                        )
+                        if earlier_done and cache.sealed:
+                            break
+                    self._cond.wait(0.2)
+            try:
+                for batch in cache.batches(shuffle=ep.info.shuffle, seed=_seed(ep.info)):
+                    nbytes = batch.nbytes
+                    with self._cond:
+                        while not (self._stopped or ep.closed):
+                            if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
+                                break
+                            self._cond.wait(0.2)
+                        if self._stopped:
+                            return
+                        if ep.closed:
+                            break
+                        self._queue(ep, batch, nbytes)
+            finally:
+                with self._cond:
+                    ep.feeding = False
+                    self._cond.notify_all()
+
+    def _queue(self, ep: _Epoch, batch: pa.RecordBatch, nbytes: int) -> None:
+        ep.queue.append(batch)
+        ep.queued_bytes += nbytes
+        ep.rows_in += batch.num_rows
+        self._bytes += nbytes
+        m = self.metrics
+        m["rows_in"] += batch.num_rows
+        m["bytes_in"] += nbytes
+        m["batches_in"] += 1
+        m["buffer_bytes"] = self._bytes
+        m["buffer_peak_bytes"] = max(m["buffer_peak_bytes"], self._bytes)
+        self._cond.notify_all()
+
+    def drop_cache(self, cache_id: str) -> None:
         with self._cond:
-            e = self.next_epoch
-            self.next_epoch += 1
-            return e
+            cache = self._caches.pop(cache_id, None)
+        if cache is not None:
+            cache.drop()
+            self._cache_metrics()
 
-    def skip_announced(self) -> list[int]:
-        """Close every announced epoch no pass has claimed yet, and move past them.
+    def drop_caches(self) -> None:
+        for cid in list(self._caches):
+            self.drop_cache(cid)
 
-        A ``repeat=True`` stream is the node's whole feed: when it is dropped (``fit`` with
-        ``steps_per_epoch`` done before the data is), the epochs already pushed for it will
-        never be read, and their pushes must not wait for a reader. Returns the epochs closed.
+    def _cache_metrics(self) -> None:
+        caches = list(self._caches.values())
+        self.metrics["cache_rows"] = sum(c.rows for c in caches)
+        self.metrics["cache_memory_bytes"] = sum(c.memory_used for c in caches)
+        self.metrics["cache_spilled_bytes"] = sum(c.spilled_bytes for c in caches)
+
+    def claim_epoch(self, split: str = "train", timeout: float | None = None) -> int | None:
+        """The epoch the next pass over ``split`` reads: the oldest announced one no pass has
+        claimed. Waits for the driver to announce one; ``None`` if the node stops first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self.idle_waiters += 1
+            try:
+                while True:
+                    q = self._announced.get(split)
+                    if q:
+                        return q.popleft()
+                    if self._stopped:
+                        return None
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                    self._cond.wait(0.5)
+            finally:
+                self.idle_waiters -= 1
+
+    def peek_epoch(self, split: str = "train", timeout: float | None = None) -> EpochInfo | None:
+        """The info of the epoch the next pass over ``split`` would claim (waits for one)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self.idle_waiters += 1
+            try:
+                while True:
+                    q = self._announced.get(split)
+                    if q:
+                        return self._epochs[q[0]].info
+                    if self._stopped:
+                        return None
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                    self._cond.wait(0.5)
+            finally:
+                self.idle_waiters -= 1
+
+    def skip_announced(self, split: str = "train") -> list[int]:
+        """Close every announced epoch of ``split`` that no pass has claimed yet.
+
+        A ``repeat=True`` stream is the node's whole feed of its split: when it is dropped
+        (``fit`` with ``steps_per_epoch`` done before the data is), the epochs already pushed
+        for it will never be read, and their pushes must not wait for a reader. Returns the
+        epochs closed.
         """
         with self._cond:
-            skipped = sorted(e for e in self._epochs if e >= self.next_epoch)
+            q = self._announced.get(split) or deque()
+            skipped = list(q)
+            q.clear()
             for e in skipped:
                 self._close(self._epochs[e])
-            if skipped:
-                self.next_epoch = skipped[-1] + 1
-                self.metrics["epochs_left_early"] += len(skipped)
+            self.metrics["epochs_left_early"] += len(skipped)
             self._cond.notify_all()
             return skipped
 
@@ -145,6 +290,9 @@ class FeedBuffer:
             if ep is None:
                 raise FeedError(f"end_epoch for epoch {epoch}, which this node never began")
             ep.limit = int(limit)
+            if ep.cache is not None and ep.info.record is not None and not ep.cache.sealed:
+                ep.cache.seal()
+                self._cache_metrics()
             self._cond.notify_all()
 
     def epoch_rows(self, epoch: int) -> int:
@@ -158,8 +306,12 @@ class FeedBuffer:
             ep = self._epochs.get(epoch)
             if ep is None:
                 return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False}
-            return {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
-                    "complete": ep.complete}
+            out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
+                   "complete": ep.complete, "feeding": ep.feeding}
+            if ep.info.replay is not None:
+                cache = self._caches.get(ep.info.replay)
+                out["cache_rows"] = cache.rows if cache is not None and cache.sealed else None
+            return out
 
     def stop(self) -> None:
         with self._cond:
@@ -185,6 +337,8 @@ class FeedBuffer:
 
         ``batches`` yields record batches, or ``(batch_or_None, seen)`` pairs where ``seen`` is
         how many rows of the partition its task had split when it sent them (``None``: unknown).
+        A recording epoch (``cache=True``) keeps taking rows into its cache after the consumer
+        left it: later epochs replay them.
 
         Raises:
             FeedStopped: the node is shutting down.
@@ -226,7 +380,7 @@ class FeedBuffer:
             with self._cond:
                 while True:
                     self._check_open(ep)
-                    if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
+                    if ep.closed or self._bytes == 0 or self._bytes + nbytes <= self.capacity:
                         break
                     # only time spent waiting on a full buffer counts, as it passes
                     waited = time.monotonic()
@@ -243,18 +397,13 @@ class FeedBuffer:
                     batch = batch.slice(done - start)
                     nbytes = batch.nbytes
                 ep.accepted[partition] = end
-                ep.queue.append(batch)
-                ep.queued_bytes += nbytes
-                ep.rows_in += batch.num_rows
                 accepted += batch.num_rows
-                self._bytes += nbytes
-                m = self.metrics
-                m["rows_in"] += batch.num_rows
-                m["bytes_in"] += nbytes
-                m["batches_in"] += 1
-                m["buffer_bytes"] = self._bytes
-                m["buffer_peak_bytes"] = max(m["buffer_peak_bytes"], self._bytes)
-                self._cond.notify_all()
+                if ep.cache is not None:
+                    ep.cache.add(batch)
+                if ep.closed:  # recording only: the consumer has left this epoch
+                    ep.rows_in += batch.num_rows
+                    continue
+                self._queue(ep, batch, nbytes)
         with self._cond:
             self._check_open(ep)
         return accepted
@@ -262,6 +411,8 @@ class FeedBuffer:
     def _check_open(self, ep: _Epoch) -> None:
         if self._stopped:
             raise FeedStopped("the node is shutting down")
+        if ep.cache is not None and not ep.cache.sealed and not self._consumer_done:
+            return  # a recording epoch takes every row, read or not
         if self._consumer_done:
             raise ConsumerFinished("the node's main has returned")
         if ep.closed:
@@ -300,7 +451,7 @@ class FeedBuffer:
             while True:
                 if self._stopped:
                     raise FeedStopped("the node is shutting down")
-                if ep.queue or ep.limit is not None:
+                if ep.queue or (ep.limit is not None and not ep.feeding):
                     break
                 self._cond.wait(0.5)
             out = list(ep.queue)
@@ -308,12 +459,16 @@ class FeedBuffer:
             self._bytes -= ep.queued_bytes
             ep.queued_bytes = 0
             self.metrics["buffer_bytes"] = self._bytes
-            safe = 0
-            for p, n in ep.accepted.items():
-                seen = ep.seen.get(p)
-                safe += seen // num_workers if seen is not None else max(n - 1, 0)
+            if ep.info.replay is not None:
+                # the limit is known before the rows are: every worker replays at least it
+                safe = ep.limit or 0
+            else:
+                safe = 0
+                for p, n in ep.accepted.items():
+                    seen = ep.seen.get(p)
+                    safe += seen // num_workers if seen is not None else max(n - 1, 0)
             self._cond.notify_all()
-            return out, min(safe, ep.rows_in), ep.limit
+            return out, min(safe, ep.rows_in), (None if ep.feeding else ep.limit)
 
     def finish_epoch(self, epoch: int, rows_out: int, *, complete: bool = True) -> None:
         """The consumer's pass over ``epoch`` has ended, having handed ``rows_out`` rows to
@@ -342,3 +497,8 @@ class FeedBuffer:
     def snapshot(self) -> dict[str, Any]:
         with self._cond:
             return dict(self.metrics)
+
+
+def _seed(info: EpochInfo) -> list[int]:
+    """The seed of one epoch's shuffles: the user's seed and the epoch id."""
+    return [info.seed if info.seed is not None else 0, info.epoch]

@@ -127,6 +127,7 @@ class Action(str, enum.Enum):
     END_EPOCH = "end_epoch"  # {"epoch", "limit"}: rows every consuming worker yields
     METRICS = "metrics"
     SHUTDOWN = "shutdown"
+    DROP_CACHE = "drop_cache"  # {"cache"}: forget a cached DataFrame, remove its spill files
 
 
 class Refusal(str, enum.Enum):
@@ -151,20 +152,32 @@ class Refusal(str, enum.Enum):
 
 @dataclass(frozen=True)
 class BeginEpoch:
-    """``begin_epoch``: the epoch's id, Arrow schema and fixed array lengths."""
+    """``begin_epoch``: the epoch's id, Arrow schema and fixed array lengths; which split reads
+    it; whether its rows come out shuffled (and the seed); ``record``: the node keeps the rows
+    in its cache under this id; ``replay``: the rows come from that cache, not from Spark.
+    The reply carries ``cache_rows`` for a replayed epoch."""
 
     epoch: int
     schema_ipc: bytes
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    split: str = "train"
+    shuffle: bool = False
+    seed: int | None = None
+    record: str | None = None
+    replay: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "schema": self.schema_ipc.hex(),
-                "shapes": {k: list(v) for k, v in self.shapes.items()}}
+                "shapes": {k: list(v) for k, v in self.shapes.items()}, "split": self.split,
+                "shuffle": self.shuffle, "seed": self.seed, "record": self.record,
+                "replay": self.replay}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "BeginEpoch":
         return cls(int(d["epoch"]), bytes.fromhex(d["schema"]),
-                   {k: tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()})
+                   {k: tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()},
+                   str(d.get("split", "train")), bool(d.get("shuffle", False)), d.get("seed"),
+                   d.get("record"), d.get("replay"))
 
 
 @dataclass(frozen=True)

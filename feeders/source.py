@@ -56,26 +56,38 @@ def iterate_epoch(
     drop_remainder: bool,
     convert: Callable[[pa.Table], Any],
     batches_per_item: int = 1,
+    shuffle_bytes: int | None = None,
 ) -> Iterator[Any]:
     """Yield converted batches of one epoch; returns when the epoch's limit is reached.
 
     With ``batches_per_item > 1`` an item holds up to that many whole batches (whatever is
     safe to emit already), for ``Dataset.rebatch(batch_size)`` to cut: every item but the
     epoch's tail is a multiple of ``batch_size`` rows, so the batches are the same.
+
+    An epoch announced with ``shuffle`` is shuffled in windows: rows are gathered until they
+    hold ``shuffle_bytes`` (default: the buffer's capacity) or the epoch ends, then permuted
+    with a generator seeded by the epoch's seed and id, then cut into batches.
     """
     info = buffer.wait_epoch_info(epoch)
     if info is None:
         return
     pending: list[pa.RecordBatch] = []
-    pending_rows = received = emitted = 0
+    pending_rows = pending_bytes = received = emitted = 0
     limit: int | None = None
     complete = False
+    rng = None
+    if info.shuffle:
+        import numpy as np
+
+        rng = np.random.default_rng([info.seed if info.seed is not None else 0, epoch, 1])
+        window = shuffle_bytes or buffer.capacity
     try:
         while True:
             batches, safe_rows, limit = buffer.take(epoch, num_workers)
             for b in batches:
                 pending.append(b)
                 pending_rows += b.num_rows
+                pending_bytes += b.nbytes
                 received += b.num_rows
             final = limit is not None
             if final and limit > received:  # type: ignore[operator]
@@ -83,6 +95,12 @@ def iterate_epoch(
                     f"epoch {epoch}: the driver set {limit} rows for every worker but this node "
                     f"received only {received}; rows were lost in transit."
                 )
+            if rng is not None and pending_rows:
+                if not final and pending_bytes < window:
+                    continue  # gather a whole window first
+                table = pa.Table.from_batches(pending).take(rng.permutation(pending_rows))
+                pending = table.combine_chunks().to_batches() or []
+                pending_bytes = 0
             safe = limit if final else (safe_rows if num_workers > 1 else received)
             while pending_rows >= batch_size and emitted + batch_size <= safe:  # type: ignore[operator]
                 k = min(batches_per_item, pending_rows // batch_size, (safe - emitted) // batch_size)  # type: ignore[operator]
@@ -90,6 +108,8 @@ def iterate_epoch(
                 table, pending = _take_rows(pending, rows)
                 pending_rows -= rows
                 emitted += rows
+                if rng is not None:
+                    pending_bytes = sum(b.nbytes for b in pending)
                 yield convert(table)
             if final:
                 tail = limit - emitted  # type: ignore[operator]
@@ -169,8 +189,10 @@ def push_dataset(
     fill_values: Mapping[str, Any] | None = None,
     prefetch: int = 2,
     first_epoch_timeout: float | None = None,
-    next_epoch: Callable[[], int],
+    next_epoch: Callable[[], int | None] | None = None,
     repeat: bool = False,
+    split: str = "train",
+    decode: Mapping[str, Any] | None = None,
 ):
     """Build the ``tf.data.Dataset`` behind ``ctx.dataset()``.
 
@@ -183,9 +205,11 @@ def push_dataset(
 
     if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    info: EpochInfo | None = buffer.wait_epoch_info(buffer.next_epoch, first_epoch_timeout)
+    if next_epoch is None:
+        next_epoch = lambda: buffer.claim_epoch(split)  # noqa: E731
+    info: EpochInfo | None = buffer.peek_epoch(split, first_epoch_timeout)
     if info is None:
-        raise FeedStopped("the cluster shut down before any data was pushed")
+        raise FeedStopped(f"the cluster shut down before any {split!r} data was pushed")
     names = list(info.schema.names)
     if label is not None and label not in names:
         raise SchemaError(
@@ -208,6 +232,8 @@ def push_dataset(
 
     def one_epoch() -> Iterator[dict[str, Any]] | None:
         epoch = next_epoch()
+        if epoch is None:
+            return None
         got = buffer.wait_epoch_info(epoch)
         if got is None:
             return None
@@ -242,12 +268,14 @@ def push_dataset(
         finally:
             # the stream was the node's feed: epochs pushed for it that it never reached
             # must not wait for a reader
-            buffer.skip_announced()
+            buffer.skip_announced(split)
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = generator_dataset(generator, signature)
     if per_item > 1:
         ds = ds.rebatch(int(batch_size))
+    if decode:
+        ds = decode_columns(ds, decode, info.schema, batch_size=int(batch_size))
     if label is not None:
         ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
     opts = tf.data.Options()
@@ -259,3 +287,74 @@ def push_dataset(
     opts.autotune.enabled = False
     ds = ds.with_options(opts)
     return ds.prefetch(prefetch)
+
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, batch_size: int) -> Any:
+    """Decode binary columns of a batched dict dataset on the node, inside tf.data.
+
+    ``decode`` maps a column to ``"jpeg"``, ``"png"`` or ``("raw", dtype, shape)``: JPEG / PNG
+    images become ``uint8 [batch, h, w, c]`` (every image of a batch the same size), raw bytes
+    ``dtype [batch, *shape]``. Batches are decoded in parallel. A value that is not an image of
+    the named kind, or raw bytes of the wrong length, fails the pass with an
+    ``InvalidArgumentError`` naming the column and the row (counted from the pass's start).
+    """
+    import os
+
+    import tensorflow as tf
+
+    plans = {}
+    for name, how in decode.items():
+        if name not in schema.names:
+            raise SchemaError(f"decode: column {name!r} is not in the pushed DataFrame; its columns are {schema.names}.")
+        t = schema.field(name).type
+        if not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)):
+            raise SchemaError(
+                f"decode: column {name!r} is {t}, not binary; decode applies to binary columns "
+                f"(images or raw bytes)."
+            )
+        if how in ("jpeg", "png"):
+            plans[name] = (how, None, None)
+        elif isinstance(how, (tuple, list)) and len(how) == 3 and how[0] == "raw":
+            dtype = tf.as_dtype(how[1])
+            shape = tuple(int(d) for d in how[2])
+            plans[name] = ("raw", dtype, shape)
+        else:
+            raise ValueError(
+                f"decode[{name!r}] = {how!r}: expected 'jpeg', 'png' or ('raw', dtype, shape), "
+                f"e.g. ('raw', 'float32', (28, 28))."
+            )
+
+    def check(ok, name, what, first):  # type: ignore[no-untyped-def]
+        bad = tf.cast(tf.argmin(tf.cast(ok, tf.int32)), tf.int64)
+        return tf.debugging.assert_equal(
+            tf.reduce_all(ok), True,
+            message=f"ctx.dataset(decode=...): column {name!r}: {what} at row (of this pass)",
+            data=[first + bad], summarize=1,
+        )
+
+    def fn(i, d):  # type: ignore[no-untyped-def]
+        out = dict(d)
+        first = i * batch_size
+        for name, (kind, dtype, shape) in plans.items():
+            col = d[name]
+            if kind == "raw":
+                want = int(np.prod(shape)) * dtype.size
+                ok = tf.equal(tf.strings.length(col), want)
+                with tf.control_dependencies([check(ok, name, f"a value is not {want} bytes of raw {dtype.name} {shape}", first)]):
+                    flat = tf.io.decode_raw(col, dtype)
+                out[name] = tf.reshape(flat, (-1, *shape))
+                continue
+            if kind == "jpeg":
+                ok = tf.map_fn(tf.io.is_jpeg, col, fn_output_signature=tf.bool)
+                decoder = lambda s: tf.io.decode_jpeg(s, channels=0)  # noqa: E731
+            else:
+                ok = tf.equal(tf.strings.substr(col, 0, 8), _PNG_MAGIC)
+                decoder = lambda s: tf.io.decode_png(s, channels=0)  # noqa: E731
+            with tf.control_dependencies([check(ok, name, f"a value is not a {kind.upper()} image", first)]):
+                out[name] = tf.map_fn(decoder, col, fn_output_signature=tf.uint8)
+        return out
+
+    return ds.enumerate().map(fn, num_parallel_calls=max(2, os.cpu_count() or 2), deterministic=True)

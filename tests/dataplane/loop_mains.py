@@ -117,3 +117,38 @@ class _nullscope:
 
     def __exit__(self, *a):  # type: ignore[no-untyped-def]
         return False
+
+
+def cache_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Per scenario: E epochs of (a training pass, then a validation pass when asked), ids
+    recorded per pass in order; or a Keras fit with validation_data (``keras``)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if ctx.num_workers > 1 else None
+    for j, sc in enumerate(args["scenarios"]):
+        out: dict = {"train": [], "validation": []}
+        ds = ctx.dataset(sc["batch_size"], features=["id", "x"], label="label")
+        val = ctx.dataset(sc["batch_size"], split="validation", features=["id", "x"], label="label") \
+            if sc.get("validation") else None
+        if sc.get("keras"):
+            import tf_keras as keras
+
+            with strategy.scope() if strategy is not None else _nullscope():
+                model = keras.Sequential([keras.layers.Input((sc["width"],)), keras.layers.Dense(2)])
+                model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            xy = lambda f, y: (f["x"], y)  # noqa: E731
+            hist = model.fit(ds.map(xy), validation_data=val.map(xy), epochs=sc["epochs"], verbose=0)
+            out["val_loss"] = [float(v) for v in hist.history["val_loss"]]
+        else:
+            import time
+
+            for _ in range(sc["epochs"]):
+                ids = []
+                for f, _ in ds:
+                    ids.extend(int(i) for i in f["id"].numpy())
+                    time.sleep(sc.get("sleep", 0))
+                out["train"].append(ids)
+                if val is not None:
+                    out["validation"].append([int(i) for f, _ in val for i in f["id"].numpy()])
+        _write(os.path.join(args["dir"], f"node{ctx.node_id}-s{j}.json"), out)

@@ -1,0 +1,132 @@
+"""A node's epoch cache: the rows pushed to it once, kept to replay later epochs itself.
+
+``cluster.train(df, cache=True)`` pushes ``df`` in one Spark job; every worker records the
+rows it accepts (after dedupe of retried tasks, in arrival order) into an :class:`EpochCache`
+and replays them for the later epochs without any traffic from Spark.
+
+Memory is bounded: batches are kept in memory up to ``memory_bytes`` (``dataplane.run``'s
+``cache_bytes``); the rest is spilled to Arrow IPC files in the node's work directory, read back
+memory-mapped (so a replay costs page-cache reads, not a second copy). The files go when the
+cache is dropped, and the work directory with them when the node exits.
+
+Replay order: :meth:`EpochCache.batches` yields the stored batches in order, or in a seeded
+random order of batches (``shuffle``); rows are shuffled further within a window by the
+consumer (see :mod:`feeders.source`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["EpochCache"]
+
+_SPILL_FILE_BYTES = 256 << 20  # one spill file holds up to this many bytes of batches
+
+
+class EpochCache:
+    """Rows of one DataFrame as this node received them; memory up to a bound, then disk."""
+
+    def __init__(self, cache_id: str, schema: pa.Schema, *, directory: str, memory_bytes: int) -> None:
+        self.cache_id = cache_id
+        self.schema = schema
+        self.directory = directory
+        self.memory_bytes = int(memory_bytes)
+        self._lock = threading.Lock()
+        self._memory: list[pa.RecordBatch] = []
+        self._where: list[tuple[int, int]] = []  # per stored batch: (file index or -1, index)
+        self._files: list[str] = []
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._writer_bytes = 0
+        self._writer_batches = 0
+        self._readers: dict[int, pa.ipc.RecordBatchFileReader] = {}
+        self.rows = 0
+        self.bytes = 0
+        self.memory_used = 0
+        self.spilled_bytes = 0
+        self.sealed = False
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Store one accepted batch (called as rows arrive, before the epoch is sealed)."""
+        if batch.num_rows == 0:
+            return
+        nbytes = batch.nbytes
+        with self._lock:
+            if self.sealed:
+                raise RuntimeError(f"cache {self.cache_id} is sealed")
+            if self.memory_used + nbytes <= self.memory_bytes:
+                self._where.append((-1, len(self._memory)))
+                self._memory.append(batch)
+                self.memory_used += nbytes
+            else:
+                self._spill(batch)
+            self.rows += batch.num_rows
+            self.bytes += nbytes
+
+    def _spill(self, batch: pa.RecordBatch) -> None:
+        if self._writer is None or self._writer_bytes >= _SPILL_FILE_BYTES:
+            self._close_writer()
+            os.makedirs(self.directory, exist_ok=True)
+            path = os.path.join(self.directory, f"cache-{self.cache_id}-{len(self._files)}.arrow")
+            self._files.append(path)
+            self._writer = pa.ipc.new_file(path, self.schema)
+            self._writer_bytes = 0
+            self._writer_batches = 0
+        self._writer.write_batch(batch)
+        self._where.append((len(self._files) - 1, self._writer_batches))
+        self._writer_batches += 1
+        self._writer_bytes += batch.nbytes
+        self.spilled_bytes += batch.nbytes
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def seal(self) -> None:
+        """No more rows: the pushed epoch is over. Spill files are closed for reading."""
+        with self._lock:
+            self._close_writer()
+            self.sealed = True
+
+    def batches(self, *, shuffle: bool = False, seed: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The stored batches, in arrival order or a seeded random order of batches."""
+        order = np.arange(len(self._where))
+        if shuffle:
+            np.random.default_rng(seed).shuffle(order)
+        for i in order:
+            f, k = self._where[int(i)]
+            if f < 0:
+                yield self._memory[k]
+            else:
+                yield self._reader(f).get_batch(k)
+
+    def _reader(self, f: int) -> pa.ipc.RecordBatchFileReader:
+        r = self._readers.get(f)
+        if r is None:
+            r = pa.ipc.open_file(pa.memory_map(self._files[f], "r"))
+            self._readers[f] = r
+        return r
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._files)
+
+    def drop(self) -> None:
+        """Free the memory and remove the spill files."""
+        with self._lock:
+            self._close_writer()
+            self._readers.clear()
+            self._memory.clear()
+            self._where.clear()
+            for path in self._files:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+            self._files.clear()
+            self.memory_used = 0

@@ -1,0 +1,146 @@
+"""Push once, train many epochs: the node epoch cache, shuffling and the validation split, on
+real Spark, Flight and TensorFlow with two MultiWorkerMirroredStrategy workers."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import pytest
+
+import dataplane
+from dataplane.errors import NodeError
+from tests.dataplane.clusterutil import wait_gone, wait_json
+from tests.dataplane.loop_mains import cache_main
+
+pytestmark = pytest.mark.cluster
+
+ROWS, VAL_ROWS, WIDTH = 3000, 500, 16
+CACHE_BYTES = 64 * 1024  # each worker's share is ~110 KB: most of it spills to disk
+
+
+def _frame(spark, start: int, rows: int, parts: int):  # type: ignore[no-untyped-def]
+    x = ", ".join(f"cast(id * {k} as float)" for k in range(1, WIDTH + 1))
+    return spark.range(start, start + rows, 1, parts).selectExpr(
+        "id", f"array({x}) as x", "cast(id % 2 as int) as label"
+    )
+
+
+def _spill_files(cluster) -> list[str]:  # type: ignore[no-untyped-def]
+    return glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dataplane-{cluster.cluster_id}-node*", "cache", "*.arrow"))
+
+
+def test_cached_shuffled_epochs_with_validation_on_two_workers(spark, tmp_path):
+    scenarios = [
+        {"epochs": 3, "batch_size": 32, "validation": True},  # first call: records, replays
+        {"epochs": 2, "batch_size": 32, "validation": True},  # same DataFrames: no Spark job
+        {"epochs": 2, "batch_size": 32, "validation": True, "keras": True, "width": WIDTH},
+    ]
+    cluster = dataplane.run(spark, cache_main, {"dir": str(tmp_path), "scenarios": scenarios},
+                            num_nodes=2, cache_bytes=CACHE_BYTES)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df = _frame(spark, 0, ROWS, 3)
+        val = _frame(spark, 100_000, VAL_ROWS, 2)
+        report = cluster.train(df, 3, cache=True, shuffle=True, seed=7, validation=val)
+        assert report.spark_jobs == 2  # one per DataFrame, not one per epoch
+        assert report.rows_per_split == {"train": 3 * ROWS, "validation": 3 * VAL_ROWS}
+        assert report.rows == 3 * (ROWS + VAL_ROWS)
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        m = cluster.metrics()
+        for n in workers:
+            assert m[n]["cache_spilled_bytes"] > 0, m[n]  # a bound smaller than the share
+            assert m[n]["cache_memory_bytes"] <= CACHE_BYTES, m[n]
+        assert _spill_files(cluster), "spill files are in the nodes' work directories"
+        train_sets = _check_epochs(seen, workers, "train", range(ROWS), 3, report)
+        _check_epochs(seen, workers, "validation", range(100_000, 100_000 + VAL_ROWS), 3, report)
+        # shuffled: every epoch a different order on every worker
+        for n in workers:
+            orders = [tuple(e) for e in seen[n]["train"]]
+            assert len(set(orders)) == 3, f"node {n} yielded the same order twice"
+
+        # the same DataFrames again: replayed from the caches, no Spark job at all
+        report2 = cluster.train(df, 2, cache=True, shuffle=True, seed=7, validation=val)
+        assert report2.spark_jobs == 0
+        seen2 = {n: wait_json(tmp_path / f"node{n}-s1.json") for n in workers}
+        again = _check_epochs(seen2, workers, "train", range(ROWS), 2, report2)
+        assert again == train_sets  # each worker holds the same share as before
+
+        # Keras fit(validation_data=...) under MWMS on the cached splits
+        report3 = cluster.train(df, 2, cache=True, validation=val)
+        assert report3.spark_jobs == 0
+        s3 = {n: wait_json(tmp_path / f"node{n}-s2.json") for n in workers}
+        for n in workers:
+            assert len(s3[n]["val_loss"]) == 2 and all(v == v for v in s3[n]["val_loss"])
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
+    assert _spill_files(cluster) == [], "spill files outlived the cluster"
+
+
+def _check_epochs(seen, workers, split, ids, epochs, report):  # type: ignore[no-untyped-def]
+    """Exactly once per epoch (less what was dropped for balance), equal counts on every
+    worker; returns each worker's set of ids (the same every epoch: its cached share)."""
+    want = set(ids)
+    shares = None
+    for e in range(epochs):
+        per_node = [seen[n][split][e] for n in workers]
+        assert len({len(p) for p in per_node}) == 1, f"{split} epoch {e}: unequal counts"
+        union = [i for p in per_node for i in p]
+        assert len(union) == len(set(union)), f"{split} epoch {e}: a row twice"
+        assert set(union) <= want
+        assert len(want) - len(union) <= 3, (split, e, len(union))  # dropped for balance
+        sets = [frozenset(p) for p in per_node]
+        if shares is None:
+            shares = sets
+        else:
+            assert sets == shares, f"{split} epoch {e}: a worker's share changed"
+    return shares
+
+
+def test_a_node_killed_during_a_cached_replay_fails_train_quickly(spark, tmp_path):
+    import signal
+
+    scenarios = [{"epochs": 4, "batch_size": 16, "sleep": 0.02}]
+    cluster = dataplane.run(spark, cache_main, {"dir": str(tmp_path), "scenarios": scenarios},
+                            num_nodes=2)
+    victim = cluster.nodes[1]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df = _frame(spark, 0, ROWS, 2)
+        import threading
+
+        out: dict = {}
+
+        def run() -> None:
+            t0 = time.monotonic()
+            try:
+                cluster.train(df, 4, cache=True, feed_timeout=300)
+                out["ok"] = True
+            except BaseException as e:  # noqa: BLE001
+                out["error"] = e
+            out["at"] = time.monotonic()
+            out["t0"] = t0
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        # wait until the replay has started: epoch 0 was pushed and consumed, epoch 1 replays
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            m = cluster.metrics()
+            if m[victim.node_id]["epochs_consumed"] >= 1 and m[victim.node_id]["rows_out"] > 0:
+                break
+            time.sleep(0.2)
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        t.join(60)
+        assert not t.is_alive(), "train hung after a node died during a replay"
+        assert isinstance(out.get("error"), NodeError), out
+        assert out["at"] - killed < 20, out["at"] - killed
+        assert f"node {victim.node_id}" in str(out["error"])
+    finally:
+        with pytest.raises(NodeError):
+            cluster.shutdown(timeout=20)
+        wait_gone(pids, 30)
