@@ -329,10 +329,10 @@ def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, bat
 
     def check(ok, name, what, first):  # type: ignore[no-untyped-def]
         bad = tf.cast(tf.argmin(tf.cast(ok, tf.int32)), tf.int64)
-        return tf.debugging.assert_equal(
-            tf.reduce_all(ok), True,
-            message=f"ctx.dataset(decode=...): column {name!r}: {what} at row (of this pass)",
-            data=[first + bad], summarize=1,
+        return tf.debugging.Assert(
+            tf.reduce_all(ok),
+            [f"ctx.dataset(decode=...): column {name}: {what}, at row (of this pass):", first + bad],
+            summarize=1,
         )
 
     def fn(i, d):  # type: ignore[no-untyped-def]

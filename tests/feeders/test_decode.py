@@ -1,0 +1,93 @@
+"""ctx.dataset(decode=...): binary columns decoded on the node inside tf.data, equal to
+TensorFlow's own decoders, and a value that does not decode named by column and row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from feeders.buffer import EpochInfo, FeedBuffer
+from feeders.source import push_dataset
+
+
+def _images(n: int, kind: str):  # type: ignore[no-untyped-def]
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, size=(n, 8, 6, 3), dtype=np.uint8)
+    enc = tf.io.encode_jpeg if kind == "jpeg" else tf.io.encode_png
+    return pixels, [enc(p).numpy() for p in pixels]
+
+
+def _dataset(columns: dict, decode: dict, batch_size: int = 4):  # type: ignore[no-untyped-def]
+    table = pa.table(columns)
+    buf = FeedBuffer(8 << 20)
+    buf.begin_epoch(EpochInfo(0, table.schema))
+    ds = push_dataset(buf, batch_size=batch_size, num_workers=1, decode=decode)
+    buf.put_stream(0, 0, iter(table.to_batches(max_chunksize=5)))
+    buf.end_epoch(0, table.num_rows)
+    return ds
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "png"])
+def test_images_decode_like_tensorflow(kind):
+    import tensorflow as tf
+
+    pixels, blobs = _images(10, kind)
+    ds = _dataset({"id": np.arange(10), "image": pa.array(blobs, pa.binary())}, {"image": kind})
+    got = np.concatenate([b["image"].numpy() for b in ds])
+    decoder = tf.io.decode_jpeg if kind == "jpeg" else tf.io.decode_png
+    want = np.stack([decoder(b).numpy() for b in blobs])
+    assert got.dtype == np.uint8 and got.shape == (10, 8, 6, 3)
+    np.testing.assert_array_equal(got, want)
+    if kind == "png":  # lossless: the very pixels
+        np.testing.assert_array_equal(got, pixels)
+
+
+def test_raw_bytes_decode_to_the_declared_dtype_and_shape():
+    values = np.arange(9 * 12, dtype=np.float32).reshape(9, 3, 4)
+    ds = _dataset({"id": np.arange(9), "t": pa.array([v.tobytes() for v in values], pa.binary())},
+                  {"t": ("raw", "float32", (3, 4))})
+    batches = [b for b in ds]
+    assert [int(b["t"].shape[0]) for b in batches] == [4, 4, 1]
+    got = np.concatenate([b["t"].numpy() for b in batches])
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, values)
+    np.testing.assert_array_equal(np.concatenate([b["id"].numpy() for b in batches]), np.arange(9))
+
+
+def test_a_corrupt_image_names_the_column_and_the_row():
+    import tensorflow as tf
+
+    _, blobs = _images(10, "jpeg")
+    blobs[6] = b"this is not a jpeg"
+    ds = _dataset({"id": np.arange(10), "image": pa.array(blobs, pa.binary())}, {"image": "jpeg"})
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        for _ in ds:
+            pass
+    text = str(info.value)
+    assert "column image: a value is not a JPEG image, at row (of this pass):] [6]" in text
+
+
+def test_raw_bytes_of_the_wrong_length_are_named():
+    import tensorflow as tf
+
+    blobs = [np.zeros(12, np.float32).tobytes()] * 5 + [b"\x00" * 7]
+    ds = _dataset({"t": pa.array(blobs, pa.binary())}, {"t": ("raw", "float32", (3, 4))})
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"column t: a value is not 48 bytes of raw float32 \(3, 4\), at row \(of this pass\):\] \[5\]"):
+        for _ in ds:
+            pass
+
+
+@pytest.mark.parametrize("decode, message", [
+    ({"nope": "jpeg"}, "decode: column 'nope' is not in the pushed DataFrame"),
+    ({"id": "jpeg"}, "decode: column 'id' is int64, not binary"),
+    ({"image": "gif"}, "expected 'jpeg', 'png' or ('raw', dtype, shape)"),
+])
+def test_bad_decode_arguments_fail_when_the_dataset_is_made(decode, message):
+    from dataplane.errors import SchemaError
+
+    _, blobs = _images(2, "png")
+    with pytest.raises((SchemaError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        _dataset({"id": np.arange(2), "image": pa.array(blobs, pa.binary())}, decode)
