@@ -14,9 +14,22 @@ and the value; and the fix). :func:`check` runs one row and asserts, besides typ
   usable (the SparkSession runs jobs, no cluster or job was left behind) or that the fix the
   message names works.
 
-Every test module under ``tests/badinput/`` holds one entry point's table and one test
+Every test module under ``tests/badinput/`` holds its entry points' table and one test
 parametrised over it. Adding an entry point (``cluster.train``, ``cluster.inference``) is a
-new table of rows built the same way, checked with :func:`check`.
+new table of rows built the same way, checked with :func:`check`, e.g.::
+
+    def _train(sql):
+        def build(env):
+            cluster, df = <a running cluster>, env.spark.sql(sql)
+            return lambda: cluster.train(df, num_epochs=1)
+        return build
+
+    CASES = [Case("cluster.train", "null-without-fill", _train("SELECT CAST(NULL AS FLOAT) AS f"),
+                  SchemaError, ("'f'", "partition", "fill"), within=30, after=<cluster still trains>)]
+
+    @pytest.mark.parametrize("case", params(CASES))
+    def test_bad_input(case, request, tmp_path):
+        check(case, Env(request, tmp_path))
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -171,16 +184,22 @@ class bad:
 
     @staticmethod
     def tfrecords(d: Path, table: pa.Table) -> Path:
-        from tests.builders import write_tfrecord_files
+        """``table`` as one TFRecord file of Examples (a null is an absent feature), written
+        with this package's encoder: no TensorFlow import, so CLI rows stay light."""
+        from formats.example import encode_examples
+        from formats.schema import column_specs
+        from formats.tfrecord import write_records
 
-        write_tfrecord_files(table, d)
+        specs = [replace(s, fill=None) for s in column_specs(table.schema)]
+        with open(d / "part-00000.tfrecord", "wb") as f:
+            write_records(f, _encode_with_nulls(table, specs, encode_examples))
         return d
 
     @staticmethod
     def corrupt_tfrecord(d: Path, *, truncate: bool = False) -> Path:
-        from tests.builders import numeric_table, write_tfrecord_files
+        from tests.builders import numeric_table
 
-        (path,) = write_tfrecord_files(numeric_table(20).select(["id", "f0"]), d)
+        path = bad.tfrecords(d, numeric_table(20).select(["id", "f0"])) / "part-00000.tfrecord"
         raw = bytearray(path.read_bytes())
         (length,) = struct.unpack_from("<Q", raw, 0)
         if truncate:
@@ -189,3 +208,14 @@ class bad:
             raw[14] ^= 0xFF  # a data byte of record 0: its CRC no longer matches
         path.write_bytes(bytes(raw))
         return d
+
+
+def _encode_with_nulls(table: pa.Table, specs: list, encode: Callable) -> list[bytes]:
+    """Examples for ``table``; a null scalar becomes an absent feature (as Spark's exporters
+    and TensorFlow's writers do), row by row so the encoder never sees the null."""
+    out = []
+    for i in range(table.num_rows):
+        row = table.slice(i, 1)
+        keep = [s for s in specs if row.column(s.name).null_count == 0]
+        out.extend(encode(row.select([s.name for s in keep]), keep))
+    return out
