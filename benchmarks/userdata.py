@@ -332,6 +332,7 @@ class DataEnv:
         self.quick = quick
         self.table_name = "data"
         self.rows = described.rows
+        self.ours_path: Any = None  # set by the scenario's build(), read by its breakdown()
         self._frame: Any = None
 
     def rows_of(self, kind: str | None = None) -> int:

@@ -111,7 +111,8 @@ def _read_parquet_bytes(d: Any) -> Callable[[], int]:
     """Stage ``read``: the selected column chunks' bytes, read as ours reads them (no decoding)."""
     plan = d.plan
     names = set(d.columns)
-    threads = 2 if d.location.scheme == "file" else 16
+    local = d.location.scheme == "file"
+    threads = 2 if local else 16
 
     def run() -> int:
         left: int | None = d.rows
@@ -123,24 +124,50 @@ def _read_parquet_bytes(d: Any) -> Callable[[], int]:
             left = None if left is None else left - rows
             jobs.append((path, ranges))
 
-        def read(job: tuple[str, list[tuple[int, int]]]) -> int:
+        def read_local(job: tuple[str, list[tuple[int, int]]]) -> int:
+            """As ours reads local pages: plain reads into a reused buffer."""
             path, ranges = job
             n = 0
-            with d.location.filesystem.open_input_file(path) as f:
+            buf = memoryview(bytearray(8 * _READ_BLOCK))
+            with open(path, "rb", buffering=0) as f:
                 for start, length in ranges:
-                    for at in range(0, length, 8 * _READ_BLOCK):
-                        n += len(f.read_at(min(8 * _READ_BLOCK, length - at), start + at))
+                    f.seek(start)
+                    for at in range(0, length, len(buf)):
+                        n += f.readinto(buf[: min(len(buf), length - at)])
             return n
 
+        def fetch(block: tuple[Any, int, int]) -> int:
+            f, start, length = block
+            return len(f.read_at(length, start))
+
         with ThreadPoolExecutor(threads) as pool:
-            sum(pool.map(read, jobs))
+            if local:
+                sum(pool.map(read_local, jobs))
+                return d.rows
+            # remote: every 1 MiB block a ranged read, 16 in flight, as ours fetches pages
+            opened = [d.location.filesystem.open_input_file(path) for path, _ in jobs]
+            try:
+                blocks = [
+                    (f, start + at, min(_READ_BLOCK, length - at))
+                    for f, (_, ranges) in zip(opened, jobs)
+                    for start, length in ranges
+                    for at in range(0, length, _READ_BLOCK)
+                ]
+                sum(pool.map(fetch, blocks))
+            finally:
+                for f in opened:
+                    f.close()
         return d.rows
 
     return run
 
 
-def _parquet_stream(d: Any) -> Callable[[], Iterator[Any]]:
-    """Stage ``decode``: ours' Parquet reading and decoding to numpy, without TensorFlow."""
+def _parquet_stream(d: Any) -> tuple[Callable[[], Iterator[Any]], Callable[[Any], int]]:
+    """Stage ``decode``: ours' Parquet reading and decoding to numpy, without TensorFlow.
+
+    Returns the stream (a callable giving one pass) and how to count an item's rows: a dict
+    of arrays, or with ragged columns the flat tuple (values, then row splits).
+    """
     from feeders.parquet import _ChunkStream, chunk_rows_for
 
     dense = not any(s.is_ragged for s in d.specs)
@@ -151,7 +178,7 @@ def _parquet_stream(d: Any) -> Callable[[], Iterator[Any]]:
     def count(item: Any) -> int:
         if isinstance(item, dict):
             return rows_of(item)
-        return int(len(item[0])) if first.is_ragged is False else int(len(item[1]) - 1)
+        return len(item[1]) - 1 if first.is_ragged else len(item[0])
 
     return stream, count
 
@@ -253,19 +280,21 @@ def _read_record_bytes(d: Any) -> Callable[[], int]:
     from feeders.tfrecord import _open_raw
 
     share = d.rows / d.total_rows if d.total_rows else 1.0
+    buf = memoryview(bytearray(_READ_BLOCK))  # local files: read into it, as ours' framer does
 
     def run() -> int:
         for path in d.plan.files:
             size = d.location.filesystem.get_file_info(path).size
             want = size if share >= 1 else int(size * share) + 1
             raw = _open_raw(d.location, path, d.plan.compression)
+            readinto = getattr(raw, "readinto", None) if d.location.scheme == "file" else None
             try:
                 got = 0
                 while got < want:
-                    block = raw.read(_READ_BLOCK)
-                    if not block:
+                    n = readinto(buf) if readinto is not None else len(raw.read(_READ_BLOCK))
+                    if not n:
                         break
-                    got += len(block)
+                    got += n
             finally:
                 raw.close()
         return d.rows
@@ -353,15 +382,11 @@ def _tfrecord_paths(d: Any, nbytes: int) -> tuple[list[BenchPath], Counter]:
 # ------------------------------------------------------------------ the scenario module
 
 
-_OURS: dict[int, Counter] = {}
-
-
 def build(env: Any) -> list[BenchPath]:
     """The paths for ``env.described`` (a :class:`benchmarks.userdata.Described`)."""
     d = env.described
     nbytes = d.rows * d.row_bytes
-    paths, ours = (_parquet_paths if d.format == "parquet" else _tfrecord_paths)(d, nbytes)
-    _OURS[id(env)] = ours
+    paths, env.ours_path = (_parquet_paths if d.format == "parquet" else _tfrecord_paths)(d, nbytes)
     return paths
 
 
@@ -383,7 +408,7 @@ _WHAT = {
 def breakdown(env: Any, out: dict[str, Any]) -> dict[str, Any] | None:
     """Where ours' time went: read, decode, to_tf, and the consumer's wait for input."""
     d = env.described
-    ours = _OURS.pop(id(env), None)
+    ours = getattr(env, "ours_path", None)
     read, decode, to_tf = _WHAT[d.format]
     waits = ours.waits[-out["reps"]:] if ours is not None else []
     name = "parquet" if d.format == "parquet" else "tfrecord"

@@ -134,9 +134,6 @@ def _drain_unavailable() -> str | None:
     return None
 
 
-_PATHS: dict[int, dict[str, FlightPushPath]] = {}
-
-
 def build(env: Any) -> list[BenchPath]:
     """The push paths and the node-buffer stage on the user's DataFrame."""
     d = env.described
@@ -160,7 +157,7 @@ def build(env: Any) -> list[BenchPath]:
         stage = FlightPushPath(env, batch_size=d.spec.batch_size, main=drain_main, name="drain",
                                feed_timeout=_STAGE_TIMEOUT)
         paths.append(BenchPath("node-buffer", stage, kind="stage", close=stage.close))
-    _PATHS[id(env)] = {"ours": ours}
+    env.ours_path = ours
     return paths
 
 
@@ -174,7 +171,7 @@ def _report_json(report: Any) -> dict[str, Any] | None:
 
 def breakdown(env: Any, out: dict[str, Any]) -> dict[str, Any] | None:
     """Where flight-push's time went, with the nodes' own counters."""
-    ours = _PATHS.pop(id(env), {}).get("ours")
+    ours = getattr(env, "ours_path", None)
     waits = ours.waits[-out["reps"]:] if ours is not None else []
     metrics = None
     if ours is not None and ours.final_metrics is not None:
