@@ -148,7 +148,9 @@ def run(
     if eval_node and input_mode != InputMode.TENSORFLOW:
         raise ValueError("eval_node=True needs input_mode=InputMode.TENSORFLOW (as in TFoS).")
     if not isinstance(num_executors, int) or not isinstance(num_ps, int) or num_ps < 0:
-        raise ValueError(f"num_executors and num_ps must be ints, got {num_executors!r}, {num_ps!r}")
+        raise ValueError(
+            f"num_executors and num_ps must be ints >= 0, got {num_executors!r}, {num_ps!r}"
+        )
     if num_executors - num_ps - int(bool(eval_node)) < 1:
         raise ValueError(
             f"num_executors={num_executors} leaves no worker after {num_ps} ps and "

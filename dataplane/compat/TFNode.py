@@ -111,7 +111,7 @@ def _decode_table(table: pa.Table) -> list[Any]:
     return decode_rows({n: table.column(n) for n in table.column_names})
 
 
-# -- the node's one input stream --------------------------------------------------------------------
+# -- the node's one input stream ------------------------------------------------------------
 class _NodeFeed:
     """The single input stream every DataFeed of a node reads (TFoS's ``input`` queue)."""
 
@@ -456,7 +456,9 @@ def export_saved_model(sess: Any, export_dir: str, tag_set: Any, signatures: Any
 
 def next_batch(mgr: Any, batch_size: int, qname: str = "input") -> Any:
     """Refused, as in TFoS 2: use ``DataFeed(ctx.mgr).next_batch``."""
-    raise NotImplementedError("TFNode.next_batch is deprecated: use TFNode.DataFeed(ctx.mgr).next_batch")
+    raise NotImplementedError(
+        "TFNode.next_batch is deprecated: use TFNode.DataFeed(ctx.mgr).next_batch"
+    )
 
 
 def batch_results(mgr: Any, results: Any, qname: str = "output") -> Any:
@@ -468,4 +470,6 @@ def batch_results(mgr: Any, results: Any, qname: str = "output") -> Any:
 
 def terminate(mgr: Any, qname: str = "input") -> Any:
     """Refused, as in TFoS 2: use ``DataFeed(ctx.mgr).terminate``."""
-    raise NotImplementedError("TFNode.terminate is deprecated: use TFNode.DataFeed(ctx.mgr).terminate")
+    raise NotImplementedError(
+        "TFNode.terminate is deprecated: use TFNode.DataFeed(ctx.mgr).terminate"
+    )

@@ -88,7 +88,9 @@ def run(sc: Any, map_fn: Callable[[Any, Any], Any], tf_args: Any, num_executors:
         Exception: whatever a ``map_fn`` raised, as Spark reports it.
     """
     if not isinstance(num_executors, int) or num_executors < 1:
-        raise ValueError(f"TFParallel.run: num_executors must be an int >= 1, got {num_executors!r}")
+        raise ValueError(
+            f"TFParallel.run: num_executors must be an int >= 1, got {num_executors!r}"
+        )
     if hasattr(sc, "sparkContext"):
         sc = sc.sparkContext
     default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS")

@@ -98,7 +98,8 @@ def _schema_of_record(record: bytes, binary_features: Sequence[str]) -> Any:
             continue
         kind = base.get(spec.dtype, T.StringType())
         kind = T.DoubleType() if isinstance(kind, T.FloatType) else kind
-        fields.append(T.StructField(spec.name, kind if spec.shape == () else T.ArrayType(kind), True))
+        kind = kind if spec.shape == () else T.ArrayType(kind)
+        fields.append(T.StructField(spec.name, kind, True))
     return T.StructType(fields)
 
 

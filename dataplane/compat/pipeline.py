@@ -92,25 +92,47 @@ def _mixin(cls_name: str, *params: tuple[str, str, str, Any]) -> type:
 
 
 _T = TypeConverters
-HasBatchSize = _mixin("HasBatchSize", ("batch_size", "BatchSize", "Number of records per batch", _T.toInt))
-HasClusterSize = _mixin("HasClusterSize", ("cluster_size", "ClusterSize", "Number of nodes in the cluster", _T.toInt))
+_DICT = TFTypeConverters.toDict
+HasBatchSize = _mixin(
+    "HasBatchSize", ("batch_size", "BatchSize", "Number of records per batch", _T.toInt))
+HasClusterSize = _mixin(
+    "HasClusterSize", ("cluster_size", "ClusterSize", "Number of nodes in the cluster", _T.toInt))
 HasEpochs = _mixin("HasEpochs", ("epochs", "Epochs", "Number of epochs to train", _T.toInt))
-HasGraceSecs = _mixin("HasGraceSecs", ("grace_secs", "GraceSecs", "Seconds to wait after feeding data", _T.toInt))
-HasInputMapping = _mixin("HasInputMapping", ("input_mapping", "InputMapping", "Input DataFrame column -> input tensor", TFTypeConverters.toDict))
-HasMasterNode = _mixin("HasMasterNode", ("master_node", "MasterNode", "Job name of the chief node", _T.toString))
-HasModelDir = _mixin("HasModelDir", ("model_dir", "ModelDir", "Path to save/load model checkpoints", _T.toString))
-HasNumPS = _mixin("HasNumPS", ("num_ps", "NumPS", "Number of PS nodes in cluster", _T.toInt),
-                  ("driver_ps_nodes", "DriverPSNodes", "Run PS nodes on the driver (refused)", _T.toBoolean))
-HasOutputMapping = _mixin("HasOutputMapping", ("output_mapping", "OutputMapping", "Output tensor -> output DataFrame column", TFTypeConverters.toDict))
-HasProtocol = _mixin("HasProtocol", ("protocol", "Protocol", "Network protocol for TensorFlow (grpc|rdma)", _T.toString))
-HasReaders = _mixin("HasReaders", ("readers", "Readers", "Number of reader/enqueue threads", _T.toInt))
+HasGraceSecs = _mixin(
+    "HasGraceSecs", ("grace_secs", "GraceSecs", "Seconds to wait after feeding data", _T.toInt))
+HasInputMapping = _mixin(
+    "HasInputMapping",
+    ("input_mapping", "InputMapping", "Input DataFrame column -> input tensor", _DICT))
+HasMasterNode = _mixin(
+    "HasMasterNode", ("master_node", "MasterNode", "Job name of the chief node", _T.toString))
+HasModelDir = _mixin(
+    "HasModelDir", ("model_dir", "ModelDir", "Path to save/load model checkpoints", _T.toString))
+HasNumPS = _mixin(
+    "HasNumPS", ("num_ps", "NumPS", "Number of PS nodes in cluster", _T.toInt),
+    ("driver_ps_nodes", "DriverPSNodes", "Run PS nodes on the driver (refused)", _T.toBoolean))
+HasOutputMapping = _mixin(
+    "HasOutputMapping",
+    ("output_mapping", "OutputMapping", "Output tensor -> output DataFrame column", _DICT))
+HasProtocol = _mixin(
+    "HasProtocol", ("protocol", "Protocol", "Network protocol for TF (grpc|rdma)", _T.toString))
+HasReaders = _mixin(
+    "HasReaders", ("readers", "Readers", "Number of reader/enqueue threads", _T.toInt))
 HasSteps = _mixin("HasSteps", ("steps", "Steps", "Maximum number of steps to train", _T.toInt))
-HasTensorboard = _mixin("HasTensorboard", ("tensorboard", "Tensorboard", "Launch tensorboard process", _T.toBoolean))
-HasTFRecordDir = _mixin("HasTFRecordDir", ("tfrecord_dir", "TFRecordDir", "Path to export a DataFrame as TFRecords", _T.toString))
-HasExportDir = _mixin("HasExportDir", ("export_dir", "ExportDir", "Directory to export saved_model", _T.toString))
-HasSignatureDefKey = _mixin("HasSignatureDefKey", ("signature_def_key", "SignatureDefKey", "saved_model signature to call", _T.toString))
-HasTagSet = _mixin("HasTagSet", ("tag_set", "TagSet", "Comma-delimited tags of a saved_model metagraph", _T.toString))
-_HasInputModeBase = _mixin("_HasInputModeBase", ("input_mode", "InputMode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", _T.toInt))
+HasTensorboard = _mixin(
+    "HasTensorboard", ("tensorboard", "Tensorboard", "Launch tensorboard process", _T.toBoolean))
+HasTFRecordDir = _mixin(
+    "HasTFRecordDir",
+    ("tfrecord_dir", "TFRecordDir", "Path to export a DataFrame as TFRecords", _T.toString))
+HasExportDir = _mixin(
+    "HasExportDir", ("export_dir", "ExportDir", "Directory to export saved_model", _T.toString))
+HasSignatureDefKey = _mixin(
+    "HasSignatureDefKey",
+    ("signature_def_key", "SignatureDefKey", "saved_model signature to call", _T.toString))
+HasTagSet = _mixin(
+    "HasTagSet", ("tag_set", "TagSet", "Comma-delimited tags of a saved_model", _T.toString))
+_HasInputModeBase = _mixin(
+    "_HasInputModeBase",
+    ("input_mode", "InputMode", "Input data feeding mode (0=TENSORFLOW, 1=SPARK)", _T.toInt))
 
 
 class HasInputMode(_HasInputModeBase):  # type: ignore[misc, valid-type]
@@ -139,7 +161,9 @@ class Namespace:
         elif isinstance(d, (argparse.Namespace, Namespace)):
             self.__dict__.update(vars(d))
         else:
-            raise TypeError(f"unsupported Namespace args {d!r}: use a dict, argparse args or a list")
+            raise TypeError(
+                f"unsupported Namespace args {d!r}: use a dict, argparse args or a list"
+            )
 
     def __iter__(self) -> Iterator[Any]:
         yield from (self.argv if self.argv else list(self.__dict__))
@@ -174,9 +198,11 @@ class TFParams(Params):
         return local_args
 
 
-class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode,  # type: ignore[misc, valid-type]
-                  HasMasterNode, HasProtocol, HasGraceSecs, HasTensorboard, HasModelDir,
-                  HasExportDir, HasTFRecordDir, HasBatchSize, HasEpochs, HasReaders, HasSteps):
+class TFEstimator(  # type: ignore[misc, valid-type]
+    Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode,
+    HasProtocol, HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir,
+    HasBatchSize, HasEpochs, HasReaders, HasSteps,
+):
     """Spark ML Estimator that trains ``train_fn`` on a cluster fed with the DataFrame.
 
     Args:
@@ -207,7 +233,9 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
     def _fit(self, dataset: Any) -> "TFModel":
         local_args = self.merge_args_params()
         if not self.getInputMapping():
-            raise ValueError("TFEstimator: set the columns to feed with setInputMapping({col: tensor}).")
+            raise ValueError(
+                "TFEstimator: set the columns to feed with setInputMapping({col: tensor})."
+            )
         missing = [c for c in self.getInputMapping() if c not in dataset.columns]
         if missing:
             raise ValueError(
@@ -227,8 +255,10 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
         return self._copyValues(TFModel(self.args))
 
 
-class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir,  # type: ignore[misc, valid-type]
-              HasExportDir, HasSignatureDefKey, HasTagSet):
+class TFModel(  # type: ignore[misc, valid-type]
+    Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir,
+    HasSignatureDefKey, HasTagSet,
+):
     """Spark ML Model scoring rows with a SavedModel on every executor (TFoS's TFModel)."""
 
     def __init__(self, tf_args: Any) -> None:
@@ -293,7 +323,9 @@ class _RunModel:
         specs = fn.structured_input_signature[1]
         unknown = [n for n in in_names if n not in specs]
         if unknown:
-            raise KeyError(f"TFModel: the signature has no input(s) {unknown}; it has {sorted(specs)}.")
+            raise KeyError(
+                f"TFModel: the signature has no input(s) {unknown}; it has {sorted(specs)}."
+            )
         for tensors in yield_batch(rows, args.batch_size, len(in_names)):
             inputs = {}
             for name, values in zip(in_names, tensors):
@@ -313,7 +345,9 @@ class _RunModel:
             yield from zip(*columns)
 
 
-def yield_batch(iterable: Iterator[Any], batch_size: int, num_tensors: int = 1) -> Iterator[list[list[Any]]]:
+def yield_batch(
+    iterable: Iterator[Any], batch_size: int, num_tensors: int = 1
+) -> Iterator[list[list[Any]]]:
     """Cut an iterator of rows into batches of ``num_tensors`` column lists (TFoS's helper)."""
     tensors: list[list[Any]] = [[] for _ in range(num_tensors)]
     for item in iterable:

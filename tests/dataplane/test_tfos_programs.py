@@ -78,6 +78,7 @@ def test_dfutil_round_trip_keeps_rows_columns_and_values(spark, tmp_path):
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_keras_spark_mode_exports_and_tfparallel_scores(spark, digits, digits_tfr, tmp_path):
     sc = spark.sparkContext
     args = argparse.Namespace(
@@ -93,7 +94,8 @@ def test_keras_spark_mode_exports_and_tfparallel_scores(spark, digits, digits_tf
     cluster.shutdown()
 
     reports = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in range(2)]
-    assert sorted((r["job_name"], r["task_index"]) for r in reports) == [("chief", 0), ("worker", 0)]
+    roles = sorted((r["job_name"], r["task_index"]) for r in reports)
+    assert roles == [("chief", 0), ("worker", 0)]
     for r in reports:
         assert r["num_workers"] == 2 and r["keras"] == "tf_keras" and r["epochs"] == 4
         # batch_size is global under MultiWorkerMirroredStrategy: 8 rows per worker and step,
@@ -112,6 +114,7 @@ def test_keras_spark_mode_exports_and_tfparallel_scores(spark, digits, digits_tf
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_tensorflow_mode_reads_tfrecords_and_exports(spark, digits, digits_tfr, tmp_path):
     args = argparse.Namespace(
         batch_size=32, epochs=3, steps_per_epoch=20, buffer_size=256, cluster_size=1, lr=0.01,
@@ -131,6 +134,7 @@ def test_tensorflow_mode_reads_tfrecords_and_exports(spark, digits, digits_tfr, 
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_pipeline_estimator_fits_and_model_transforms(spark, digits, tmp_path):
     df = spark.createDataFrame(
         [(np.asarray(x, dtype=float).tolist(), y) for x, y in digits[:ROWS]], ["image", "label"]
