@@ -61,6 +61,7 @@ def ladder(
     steps: Sequence[Step],
     *,
     waits: Sequence[float] = (),
+    firsts: Sequence[float] = (),
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The breakdown object of ``ours`` in the scenario object ``out``.
@@ -70,12 +71,13 @@ def ladder(
         ours: the name of ours' path; its median seconds are the measured time.
         steps: the rungs in pipeline order; the last one is ours itself (no stage/result).
         waits: the consumer's wait for input in each timed repetition of ours.
+        firsts: the seconds to the first batch in each timed repetition of ours.
         extra: more fields for the object (e.g. the node counters of the push path).
 
     Returns:
         ``{"path", "measured_seconds", "parts": [{"part", "seconds", "share", "what"}],
         "sum_seconds", "stage_seconds", "consumer_wait_seconds", "consumer_wait_share",
-        "method"}``, or None when ours did not run.
+        "first_batch_seconds", "method"}``, or None when ours did not run.
     """
     res = next((r for r in out["results"] if r["path"] == ours), None)
     if res is None or not res["ok"] or res["seconds"] <= 0:
@@ -113,6 +115,7 @@ def ladder(
         "stage_seconds": stage_seconds,
         "consumer_wait_seconds": wait,
         "consumer_wait_share": (wait / total) if wait is not None else None,
+        "first_batch_seconds": statistics.median(firsts) if firsts else None,
         "method": (
             "each part is the median time of ours' pipeline up to and including that stage "
             "minus the median up to the stage before, from the same alternating repetitions "

@@ -251,6 +251,7 @@ class FlightPushPath:
         self.feed_timeout = feed_timeout
         self.keep_metrics = keep_metrics
         self.waits: list[float] = []  # per repetition: the longest any node waited for input
+        self.firsts: list[float] = []  # per repetition: train() call to the last node's first batch
         self.final_metrics: dict[Any, Any] | None = None
         self.run_kwargs: dict[str, int] = {}
         if buffer_bytes:
@@ -291,6 +292,9 @@ class FlightPushPath:
 
         timeout = 600 if self.feed_timeout is None else self.feed_timeout
         self.last_nodes = _wait_for(done, timeout=timeout, what=f"every node consuming epoch {epoch}")
+        self.firsts.append(max(
+            (g["first_at"] - started if g.get("first_at") else 0.0) for g in self.last_nodes
+        ))
         self.waits.append(max(
             (g["first_at"] - started if g.get("first_at") else 0.0) + float(g.get("wait_after_first", 0.0))
             for g in self.last_nodes

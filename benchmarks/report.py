@@ -154,8 +154,9 @@ def breakdown_lines(sc: dict[str, Any], bd: dict[str, Any]) -> list[str]:
     if wait is not None:
         out.append(
             f"  - a consumer doing nothing else waited {wait:.3f} s for input "
-            f"({100 * (bd.get('consumer_wait_share') or 0):.0f}% of it); a training step slower "
-            f"than the input per batch would have waited less"
+            f"({100 * (bd.get('consumer_wait_share') or 0):.0f}% of it"
+            + (f"; first batch after {bd['first_batch_seconds']:.3f} s" if bd.get("first_batch_seconds") is not None else "")
+            + "); a training step slower than the input per batch would have waited less"
         )
     metrics = bd.get("node_metrics") or {}
     if metrics:

@@ -50,7 +50,8 @@ class Counter:
     """A repetition: iterate ``source()`` until ``limit`` rows, timing the waits for input.
 
     ``waits`` gets, per call, the seconds spent creating the iterator and blocked in ``next``:
-    how long a consumer that does nothing else waited for input.
+    how long a consumer that does nothing else waited for input; ``firsts`` the seconds until
+    the first batch.
     """
 
     def __init__(self, source: Callable[[], Iterable[Any]], limit: int | None, *,
@@ -59,13 +60,15 @@ class Counter:
         self.limit = limit
         self.count = count
         self.waits: list[float] = []
+        self.firsts: list[float] = []
 
     def __call__(self) -> int:
         clock = time.perf_counter
-        t0 = clock()
+        start = t0 = clock()
         it = iter(self.source())
         wait = clock() - t0
         rows = 0
+        first = None
         try:
             while self.limit is None or rows < self.limit:
                 t0 = clock()
@@ -75,12 +78,15 @@ class Counter:
                     wait += clock() - t0
                     break
                 wait += clock() - t0
+                if first is None:
+                    first = clock() - start
                 rows += self.count(batch)
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 close()
         self.waits.append(wait)
+        self.firsts.append(first if first is not None else 0.0)
         return rows if self.limit is None else min(rows, self.limit)
 
 
@@ -411,9 +417,10 @@ def breakdown(env: Any, out: dict[str, Any]) -> dict[str, Any] | None:
     ours = getattr(env, "ours_path", None)
     read, decode, to_tf = _WHAT[d.format]
     waits = ours.waits[-out["reps"]:] if ours is not None else []
+    firsts = ours.firsts[-out["reps"]:] if ours is not None else []
     name = "parquet" if d.format == "parquet" else "tfrecord"
     return ladder(out, name, [
         Step("read", read, stage="read"),
         Step("decode", decode, stage="decode"),
         Step("to_tf", to_tf),
-    ], waits=waits)
+    ], waits=waits, firsts=firsts)

@@ -173,6 +173,7 @@ def breakdown(env: Any, out: dict[str, Any]) -> dict[str, Any] | None:
     """Where flight-push's time went, with the nodes' own counters."""
     ours = getattr(env, "ours_path", None)
     waits = ours.waits[-out["reps"]:] if ours is not None else []
+    firsts = ours.firsts[-out["reps"]:] if ours is not None else []
     metrics = None
     if ours is not None and ours.final_metrics is not None:
         metrics = {str(k): v for k, v in ours.final_metrics.items()}
@@ -190,4 +191,4 @@ def breakdown(env: Any, out: dict[str, Any]) -> dict[str, Any] | None:
         Step("node_buffer", "the nodes' feed buffers, balancing and batch cutting, drained without tensors",
              stage="node-buffer"),
         Step("tensors", "Arrow to tensors and tf.data on the nodes"),
-    ], waits=waits, extra=extra)
+    ], waits=waits, firsts=firsts, extra=extra)

@@ -63,6 +63,7 @@ def _check_breakdown(sc: dict, ours: str, parts: list[str]) -> None:
     assert abs(sum(p["seconds"] for p in bd["parts"]) - bd["measured_seconds"]) <= 0.1 * bd["measured_seconds"]
     assert bd["sum_seconds"] == pytest.approx(sum(p["seconds"] for p in bd["parts"]))
     assert bd["consumer_wait_seconds"] is not None and bd["consumer_wait_seconds"] >= 0
+    assert 0 < bd["first_batch_seconds"] <= 1.01 * max(bd["consumer_wait_seconds"], bd["measured_seconds"])
 
 
 def _results(sc: dict) -> dict[str, dict]:
