@@ -249,6 +249,11 @@ class Cluster:
     def _check_running(self, what: str) -> None:
         if self._state != "running":
             raise ClusterStateError(f"cannot {what}: the cluster is {self._state}.")
+        if what in ("train", "inference"):
+            # a node whose main failed makes every later call fail at once, with its error
+            err = self._node_failure()
+            if err is not None:
+                raise err
 
     def _live_workers(self) -> list[NodeInfo]:
         snap = self._control.snapshot()

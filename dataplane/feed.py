@@ -97,11 +97,21 @@ def _array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
 
 
 def _first_line(e: BaseException) -> str:
+    """The line of a failed job's error that says what went wrong (a task's FeedError or
+    SchemaError, not the Java stack around it)."""
     text = str(e).strip()
     for line in text.splitlines():
-        if "FeedError" in line or "failed to start" in line or "SchemaError" in line:
+        if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
             return line.strip()
     return text.splitlines()[0][:2000] if text else repr(e)
+
+
+def _schema_message(e: BaseException) -> str | None:
+    """A pushing task's SchemaError message, if that is why the job failed."""
+    import re
+
+    m = re.search(r"SchemaError: (.+)", str(e))
+    return m.group(1).strip() if m else None
 
 
 @dataclass
@@ -269,8 +279,9 @@ class Feeder:
                 # The job failed: if a node is behind it, say so. A node that cannot be reached
                 # may be dead: give the heartbeat monitor long enough to decide.
                 text = str(e)
-                if "SchemaError" in text:
-                    raise SchemaError(f"{what} failed: {_first_line(e)}") from e
+                schema = _schema_message(e)
+                if schema is not None:
+                    raise SchemaError(schema) from None
                 unreachable = any(
                     k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
                 )
@@ -372,6 +383,34 @@ class Feeder:
             begin = BeginEpoch(ep.epoch, sp.schema_ipc, sp.shapes, split=sp.name, shuffle=shuffle,
                                seed=seed, record=ep.record, replay=ep.replay).to_json()
             self._each(workers, Action.BEGIN_EPOCH, lambda n: begin)
+        try:
+            self._run_epochs(books, report, deadline, feed_timeout, progress, t0)
+        except BaseException:
+            self._abort(books)
+            raise
+        self._settle(books, report, deadline, feed_timeout)
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def _abort(self, books: list[_Epoch]) -> None:
+        """A push failed: end every epoch of the call that has no limit yet, with the rows
+        that did arrive, so the nodes' readers finish (equally on every worker) and the
+        cluster stays usable for the next call."""
+        for ep in books:
+            if ep.limit is not None:
+                continue
+            try:
+                live = {n.node_id for n in self._live_workers()}
+                nodes = [n for n in ep.workers if n.node_id in live]
+                replies = self._each(nodes, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
+                got = [int(r["rows"]) for r in replies.values() if not r.get("closed")]
+                ep.limit = min(got, default=0)
+                self._each(nodes, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
+            except Exception as e:  # noqa: BLE001 - the original error is what the user needs
+                logger.warning("could not end epoch %d on every node after a failed push: %s", ep.epoch, e)
+                return
+
+    def _run_epochs(self, books, report, deadline, feed_timeout, progress, t0) -> None:  # type: ignore[no-untyped-def]
         for ep in books:
             report.epochs.append(ep.epoch)
             if ep.replay is not None:
@@ -385,9 +424,6 @@ class Feeder:
             if progress is not None:
                 progress({"epoch": ep.epoch, "split": ep.split, "rows": report.rows,
                           "seconds": time.monotonic() - t0})
-        self._settle(books, report, deadline, feed_timeout)
-        report.seconds = time.monotonic() - t0
-        return report
 
     def _cache_for(self, sp: _Split, workers: Sequence[NodeInfo], ids: tuple[int, ...]) -> tuple[str, bool]:
         """(cache id, recorded already) for ``sp``: the same live DataFrame pushed to the same

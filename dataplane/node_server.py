@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from dataplane.errors import FeedError, NotServing
+from dataplane.errors import FeedError, NotServing, SchemaError
 from dataplane.rpc import AuthMiddlewareFactory, json_result
 from feeders.buffer import ConsumerFinished, EpochClosed, EpochInfo, FeedBuffer, FeedStopped
 from feeders.protocol import Action, BeginEpoch, FeedCommand, PutReply, Refusal, decode_seen
@@ -128,6 +128,8 @@ class NodeServer(flight.FlightServerBase):
             raise flight.FlightServerError(
                 f"{Refusal.NODE_STOPPING.value} node {self.node_id} is shutting down"
             ) from None
+        except SchemaError as e:
+            raise flight.FlightServerError(f"{Refusal.SCHEMA.value} {e}") from None
         except FeedError as e:
             raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
         writer.write(pa.py_buffer(PutReply(rows).encode()))

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from feeders.cache import EpochCache
-from formats.errors import FeedError
+from formats.errors import FeedError, SchemaError
 from formats.schema import same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
@@ -95,6 +95,8 @@ class FeedBuffer:
         self.cache_bytes = int(cache_bytes)
         self._caches: dict[str, EpochCache] = {}
         self._replayer: threading.Thread | None = None
+        # split -> (columns the dataset converts, columns with a fill value), once it is built
+        self._null_rules: dict[str, tuple[frozenset, frozenset]] = {}
         self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
         self._cond = threading.Condition()
         self._epochs: dict[int, _Epoch] = {}
@@ -210,6 +212,30 @@ class FeedBuffer:
         m["buffer_bytes"] = self._bytes
         m["buffer_peak_bytes"] = max(m["buffer_peak_bytes"], self._bytes)
         self._cond.notify_all()
+
+    def expect_columns(self, split: str, columns: Iterator[str], filled: Iterator[str]) -> None:
+        """The dataset of ``split`` converts ``columns``, replacing nulls in ``filled`` only:
+        from now on a pushed batch with nulls elsewhere in them is refused at once (a
+        SchemaError for the pushing task) instead of failing main later."""
+        with self._cond:
+            self._null_rules[split] = (frozenset(columns), frozenset(filled))
+
+    def _check_nulls(self, ep: _Epoch, partition: int, batch: pa.RecordBatch) -> None:
+        rule = self._null_rules.get(ep.info.split)
+        if rule is None:
+            return
+        wanted, filled = rule
+        for i, name in enumerate(batch.schema.names):
+            if name in wanted and name not in filled:
+                nulls = batch.column(i).null_count
+                if nulls:
+                    raise SchemaError(
+                        f"column {name!r} has {nulls} null value(s) in a batch of partition "
+                        f"{partition} (epoch {ep.info.epoch}); a tensor cannot hold a null. "
+                        f"Give a fill value on the node (ctx.dataset(fill_values={{{name!r}: 0}})) "
+                        f"or clean the DataFrame first (df.na.fill(...) or "
+                        f"df.na.drop(subset=[{name!r}]))."
+                    )
 
     def drop_cache(self, cache_id: str) -> None:
         with self._cond:
@@ -370,6 +396,7 @@ class FeedBuffer:
             if batch is None or batch.num_rows == 0:
                 continue
             n = batch.num_rows
+            self._check_nulls(ep, partition, batch)
             if not same_columns(batch.schema, ep.info.schema):
                 raise FeedError(
                     f"partition {partition} of epoch {epoch} sent columns "

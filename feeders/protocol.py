@@ -136,6 +136,7 @@ class Refusal(str, enum.Enum):
     CONSUMER_FINISHED = "[dataplane:consumer-finished]"  # main returned or stopped reading
     EPOCH_CLOSED = "[dataplane:epoch-closed]"  # the node's pass over this epoch has ended
     NODE_STOPPING = "[dataplane:node-stopping]"  # the node is shutting down
+    SCHEMA = "[dataplane:schema]"  # the rows cannot become the node's tensors (a SchemaError)
 
     @property
     def ends_stream_only(self) -> bool:

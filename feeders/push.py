@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from formats.errors import FeedError
+from formats.errors import FeedError, SchemaError
 from feeders.protocol import (
     EPOCH_PROPERTY,
     PUSH_RESULT_FIELDS,
@@ -172,16 +172,21 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
 
 def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
     """A write or close failed: if the node refused the stream, close it here; else raise."""
-    why = Refusal.find(str(e))
+    text = str(e)
+    why = Refusal.find(text)
     if why is None:
         # the server's status may only show once the stream is closed
         try:
             s.writer.close()
         except flight.FlightError as e2:
-            why = Refusal.find(str(e2))
+            text = str(e2)
+            why = Refusal.find(text)
     if why is not None and why.ends_stream_only:
         s.open = False
         return
+    if why is Refusal.SCHEMA:
+        detail = text[text.index(why.value) + len(why.value):].strip().splitlines()[0]
+        raise SchemaError(f"{detail} (pushed to node {s.node})") from None
     raise _error(p, s, e) from e
 
 

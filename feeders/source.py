@@ -226,6 +226,7 @@ def push_dataset(
     declared.update({k: tuple(v) for k, v in (shapes or {}).items()})
     declared = {k: v for k, v in declared.items() if k in wanted}
     specs = column_specs(info.schema, columns=wanted, shapes=declared, fill_values=fill_values)
+    buffer.expect_columns(split, wanted, (fill_values or {}).keys())
     signature = tf_spec(info.schema, columns=wanted, shapes=declared)
     convert = _tensor_converter(specs)
     epoch_schema = info.schema

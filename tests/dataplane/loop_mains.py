@@ -152,3 +152,22 @@ def cache_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
                 if val is not None:
                     out["validation"].append([int(i) for f, _ in val for i in f["id"].numpy()])
         _write(os.path.join(args["dir"], f"node{ctx.node_id}-s{j}.json"), out)
+
+
+def catalogue_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read every pushed epoch (a new dataset a pass, so any schema is taken), 'g' filled;
+    answer inference with x * 2. Raises on a row whose id is ``args['die_on']``."""
+    import numpy as np
+
+    threading.Thread(target=ctx.serve, args=(lambda b: {"y": np.asarray(b["f"], np.float32) * 2},),
+                     daemon=True).start()
+    while not ctx.should_stop:
+        try:
+            ds = ctx.dataset(32, fill_values={"g": -1.0})
+        except BaseException:
+            if ctx.should_stop:
+                return
+            raise
+        for b in ds:
+            if args.get("die_on") is not None and args["die_on"] in b["id"].numpy():
+                raise ValueError(f"row {args['die_on']} is poison")

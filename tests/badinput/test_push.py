@@ -1,0 +1,121 @@
+"""Bad input to the push path: ``cluster.train`` and ``cluster.inference`` (issue #22).
+
+One shared 1-node cluster whose main reads every pushed epoch with a fill value for column
+``g`` only. What the driver can tell from the schema or the arguments fails the call before
+any job; a null in a column without a fill value is refused by the node as the rows arrive, so
+the push job fails and ``train`` raises a SchemaError naming the column and the partition.
+After each case the cluster still trains.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import dataplane
+from dataplane.errors import NodeError, SchemaError
+from tests.badinput.catalogue import Case, Env, check, params
+from tests.dataplane.clusterutil import wait_gone
+from tests.dataplane.loop_mains import catalogue_main
+
+pytestmark = pytest.mark.cluster
+
+TR, INF = "cluster.train", "cluster.inference"
+GOOD = "SELECT id, CAST(id AS FLOAT) AS f, CAST(id AS DOUBLE) AS g FROM range(0, 200, 1, 2)"
+
+
+@pytest.fixture(scope="module")
+def cluster(spark):
+    c = dataplane.run(spark, catalogue_main, {}, num_nodes=1)
+    c.train(spark.sql(GOOD))  # the node's dataset now knows its columns and fill values
+    yield c
+    pids = [n.pid for n in c.nodes]
+    c.shutdown(timeout=30)
+    wait_gone(pids, 30)
+
+
+def _still_trains(env: Env) -> None:
+    cluster = env.request.getfixturevalue("cluster")
+    report = cluster.train(env.spark.sql(GOOD))
+    assert report.rows == 200 and sum(report.rows_unconsumed.values()) == 0
+
+
+def _train(sql=GOOD, *, df=None, **kw):  # type: ignore[no-untyped-def]
+    def build(env: Env):
+        cluster = env.request.getfixturevalue("cluster")
+        data = df(env) if df is not None else env.spark.sql(sql)
+        return lambda: cluster.train(data, **kw)
+
+    return build
+
+
+def _infer(sql=GOOD, **kw):  # type: ignore[no-untyped-def]
+    def build(env: Env):
+        cluster = env.request.getfixturevalue("cluster")
+        data = env.spark.sql(sql)
+        return lambda: cluster.inference(data, **kw)
+
+    return build
+
+
+CASES = [
+    Case(TR, "null-without-fill-value",
+         _train("SELECT id, IF(id = 77, NULL, CAST(id AS FLOAT)) AS f, CAST(id AS DOUBLE) AS g "
+                "FROM range(0, 200, 1, 2)"),
+         SchemaError, ("column 'f' has 1 null value(s)", "partition 0", "fill_values", "df.na.drop"),
+         within=60, after=_still_trains),
+    Case(TR, "no-columns", _train("SELECT * FROM range(10)", df=lambda env: env.spark.range(10).select()),
+         SchemaError, ("no columns", "df.select("), after=_still_trains),
+    Case(TR, "map-column", _train("SELECT id, map('a', id) AS m FROM range(10)"),
+         SchemaError, ("'m'",)),
+    Case(TR, "decimal-column", _train("SELECT id, CAST(id AS DECIMAL(10, 2)) AS d FROM range(10)"),
+         SchemaError, ("'d'",)),
+    Case(TR, "struct-column", _train("SELECT id, named_struct('a', id) AS s FROM range(10)"),
+         SchemaError, ("'s'",)),
+    Case(TR, "num-epochs-zero", _train(num_epochs=0), ValueError, ("num_epochs", "0")),
+    Case(TR, "num-epochs-negative", _train(num_epochs=-1), ValueError, ("num_epochs", "-1")),
+    Case(TR, "num-epochs-bool", _train(num_epochs=True), ValueError, ("num_epochs", "True")),
+    Case(TR, "cache-not-bool", _train(cache="yes"), TypeError, ("cache", "'yes'")),
+    Case(TR, "shuffle-not-bool", _train(shuffle=1), TypeError, ("shuffle", "1")),
+    Case(TR, "seed-not-int", _train(seed="7"), TypeError, ("seed", "'7'")),
+    Case(TR, "feed-timeout-zero", _train(feed_timeout=0), ValueError, ("feed_timeout", "0")),
+    Case(TR, "not-a-dataframe", _train(df=lambda env: [1, 2, 3]), TypeError, ("Spark DataFrame", "list")),
+    Case(TR, "validation-not-a-dataframe", _train(validation="val.parquet"), TypeError,
+         ("validation", "Spark DataFrame", "str")),
+    Case(TR, "validation-map-column", _train(validation=None, df=None) if False else
+         (lambda env: (lambda c=env.request.getfixturevalue("cluster"): c.train(
+             env.spark.sql(GOOD), validation=env.spark.sql("SELECT map('a', 1) AS m")))),
+         SchemaError, ("'m'",)),
+    Case(INF, "passthrough-not-a-column", _infer(passthrough=("nope",)), SchemaError,
+         ("passthrough column 'nope'", "['id', 'f', 'g']")),
+    Case(INF, "columns-not-a-column", _infer(columns=["f", "zz"]), SchemaError,
+         ("column 'zz' is not in the DataFrame",)),
+]
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_bad_input(case, request, tmp_path):
+    check(case, Env(request, tmp_path))
+
+
+def test_a_node_dying_mid_train_fails_that_call_and_every_later_one(spark):
+    cluster = dataplane.run(spark, catalogue_main, {"die_on": 1500}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        cluster.train(spark.sql(GOOD))  # warm: TensorFlow is loaded, the dataset built
+        df = spark.sql("SELECT id, CAST(id AS FLOAT) AS f, CAST(id AS DOUBLE) AS g FROM range(0, 4000, 1, 2)")
+        t0 = time.monotonic()
+        with pytest.raises(NodeError) as info:
+            cluster.train(df, num_epochs=2)
+        assert time.monotonic() - t0 < 20  # a push job, the node's death, and ~10 s to tell
+        assert "ValueError: row 1500 is poison" in info.value.remote_traceback
+        for call in (lambda: cluster.train(df), lambda: cluster.inference(df)):
+            t1 = time.monotonic()
+            with pytest.raises(NodeError, match="main raised"):
+                call()
+            assert time.monotonic() - t1 < 2, "a later call did not fail at once"
+    finally:
+        with pytest.raises(NodeError):
+            cluster.shutdown(timeout=20)
+        wait_gone(pids, 30)
