@@ -263,10 +263,22 @@ def _dense_shapes(batch: pa.RecordBatch, cols: Sequence[str]) -> dict[str, tuple
 
 
 def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str]) -> None:
-    """A list column whose rows differ in length cannot feed a model input: name the column,
-    the rows and the fix (rather than to_numpy's advice to declare it ragged)."""
+    """A null, or a list column whose rows differ in length, cannot feed a model input: name
+    the column, the rows and the fix (to_numpy's advice, fill_values= or declaring the column
+    ragged, is for the readers, not for predict)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    where = f"partition {ctx.partitionId()}" if ctx is not None else "this batch"
     for c in cols:
         arr = batch.column(c)
+        if arr.null_count:
+            first = int(np.argmax(np.asarray(arr.is_null())))
+            raise SchemaError(
+                f"predict: column {c!r} has {arr.null_count} null value(s) in {where} (the "
+                f"first in row {first} of its batch); a model input cannot hold nulls. Fill "
+                f"them first (df.fillna({{{c!r}: 0}}) or coalesce) or filter those rows."
+            )
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or len(arr) < 2:
             continue
         lengths = np.asarray(arr.value_lengths().fill_null(-1))

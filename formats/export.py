@@ -332,9 +332,37 @@ def read_tfrecords(
     specs = [replace(s, arrow_type=target.field(s.name).type) for s in specs]
     if not files:
         return spark.createDataFrame([], spark_schema)
+    _check_first_records(fs, files, comps, specs, loc)
     task = _ReadTask(fs, files, comps, specs, target, batch_size)
     ids = spark.range(0, len(files), 1, numPartitions=len(files))
     return ids.mapInArrow(task, spark_schema)
+
+
+_CHECK_RECORDS = 256
+
+
+def _check_first_records(fs: Any, files: list[str], comps: list[str | None], specs: list[ColumnSpec],
+                         loc: Any) -> None:
+    """Decode the first records with ``specs`` on the driver, so that a schema the records do
+    not fit (a feature of another kind, a dense column of another length) or a damaged first
+    record fails ``read_tfrecords`` itself, naming the file, rather than the first action on
+    the DataFrame it returns. Records further on are checked by the tasks."""
+    from formats.example import decode_examples
+    from formats.tfrecord import iter_records, open_compressed
+
+    left = _CHECK_RECORDS
+    for path, comp in zip(files, comps):
+        if left <= 0:
+            return
+        records: list[bytes] = []
+        with fs.open_input_stream(path, compression=None, buffer_size=1 << 20) as raw:
+            for rec in iter_records(open_compressed(raw, comp), name=loc.display(path)):
+                records.append(rec)
+                if len(records) >= left:
+                    break
+        if records:
+            decode_examples(records, specs, name=loc.display(path))
+            left -= len(records)
 
 
 def _default_arrow(spec: ColumnSpec) -> pa.DataType:
