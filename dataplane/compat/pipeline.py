@@ -277,7 +277,8 @@ class TFModel(  # type: ignore[misc, valid-type]
             raise ValueError("TFModel: inference needs export_dir (a SavedModel); setExportDir().")
         tf_args = self.args.argv if self.args.argv else local_args
         rows = dataset.select(input_cols).rdd.mapPartitions(_RunModel(local_args, tf_args))
-        return dataset.sparkSession.createDataFrame(rows, output_cols)
+        schema = _output_schema(local_args, output_cols)
+        return dataset.sparkSession.createDataFrame(rows, schema)
 
 
 # -- executor side -------------------------------------------------------------------------------
@@ -302,6 +303,38 @@ def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
                 )
             _MODELS[cache_key] = (loaded, loaded.signatures[name])
         return _MODELS[cache_key][1]
+
+
+def _output_schema(args: Namespace, output_cols: list[str]) -> Any:
+    """The output columns' Spark types, from the signature (loaded here on the driver).
+
+    TFoS lets Spark infer them by running the model over the first partition an extra time;
+    the types are the same: floats -> double, ints -> bigint, strings -> binary, one array
+    level per dimension past the batch.
+    """
+    from pyspark.sql import types as T
+
+    fn = _signature(args.export_dir, args.tag_set, args.signature_def_key)
+    specs = fn.structured_outputs
+    out_names = [tensor for tensor, _ in sorted(args.output_mapping.items())]
+    missing = [n for n in out_names if n not in specs]
+    if missing:
+        raise KeyError(
+            f"TFModel: the signature has no output(s) {missing}; it has {sorted(specs)}."
+        )
+    fields = []
+    for name, col in zip(out_names, output_cols):
+        spec = specs[name]
+        if spec.dtype.is_floating:
+            kind: Any = T.DoubleType()
+        elif spec.dtype.is_integer or spec.dtype.is_bool:
+            kind = T.BooleanType() if spec.dtype.is_bool else T.LongType()
+        else:
+            kind = T.BinaryType()
+        for _ in range(max(len(spec.shape) - 1, 0)):
+            kind = T.ArrayType(kind)
+        fields.append(T.StructField(col, kind, True))
+    return T.StructType(fields)
 
 
 class _RunModel:

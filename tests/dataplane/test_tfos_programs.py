@@ -150,8 +150,9 @@ def test_pipeline_estimator_fits_and_model_transforms(spark, digits, tmp_path):
     assert model.getExportDir() == str(tmp_path / "export") and model.getBatchSize() == 16
     model = (model.setInputMapping({"image": "hidden_input"})
              .setOutputMapping({"out": "prediction"}).setSignatureDefKey("serving_default"))
-    test = spark.createDataFrame(
-        [((np.asarray(x) / 16.0).tolist(), y) for x, y in digits[ROWS:]], ["image", "label"])
+    test = spark.createDataFrame(  # one partition: one Python worker loads TensorFlow
+        [((np.asarray(x) / 16.0).tolist(), y) for x, y in digits[ROWS:]], ["image", "label"]
+    ).coalesce(1)
     out = model.transform(test)
     assert out.columns == ["prediction"]  # TFoS's TFModel returns only the output_mapping columns
     rows = out.collect()
