@@ -154,6 +154,13 @@ class NodeContext:
             decode=decode,
         )
 
+    def set_metric(self, name: str, value: float) -> None:
+        """Publish a number of this node's (e.g. seconds its model waited for input): it shows
+        in ``cluster.metrics()[node_id][name]`` on the driver."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"metric name must be a non-empty string, got {name!r}")
+        self._buffer.metrics[f"user.{name}"] = float(value)
+
     def serve(self, predict: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]) -> None:
         """Answer ``cluster.inference`` until the driver shuts the cluster down.
 

@@ -20,11 +20,18 @@ def test_demo_trains_to_a_real_accuracy():
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-2000:] + proc.stderr[-3000:]
-    pushed = re.search(r"pushed (\d+) rows .* rows per node \{0: (\d+), 1: (\d+)\}", out)
-    assert pushed, out
-    total, a, b = map(int, pushed.groups())
-    assert total == 8 * 1438 and a == b == total // 2
-    acc = float(re.search(r"accuracy (\d\.\d+)", out).group(1))
-    assert acc >= 0.85, out  # a 64-16-10 MLP reaches ~0.97 on digits
-    assert re.search(r"training done on every node \d+\.\d s after the last push", out), out
+    fed = re.search(r"fed ([\d,]+) rows \(([\d.]+) MB, 8 epochs of 1438 training rows and 359 "
+                    r"validation rows\) in [\d.]+ s of training: [\d,]+ rows/s, [\d.]+ MB/s; the "
+                    r"model waited for input ([\d.]+)% of the time", out)
+    assert fed, out
+    rows = int(fed.group(1).replace(",", ""))
+    assert 8 * (1438 + 359) - 8 * 4 <= rows <= 8 * (1438 + 359)  # a few dropped for balance
+    assert 0.0 <= float(fed.group(3)) <= 100.0
+    jobs = re.search(r"Spark jobs that pushed data: (\d+) .* rows per node \{0: (\d+), 1: (\d+)\}", out)
+    assert jobs, out
+    assert int(jobs.group(1)) == 2  # the training and the validation DataFrame, once each
+    assert int(jobs.group(2)) + int(jobs.group(3)) == 8 * (1438 + 359)
+    val = float(re.search(r"validation accuracy (\d\.\d+)", out).group(1))
+    acc = float(re.search(r"accuracy (\d\.\d+)\n", out[out.index("inference on"):]).group(1))
+    assert acc >= 0.85 and val >= 0.85, out  # a 64-16-10 MLP reaches ~0.97 on digits
     assert re.search(r"inference on 359 held-out rows in \d+\.\d s", out), out
