@@ -494,8 +494,8 @@ class Feeder:
         self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
         ep.reading = {n.node_id for n in reading}
 
-    def _states(self, ep: _Epoch) -> dict[int, EpochState]:
-        replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
+    def _states(self, ep: _Epoch, wait: float = 0.0) -> dict[int, EpochState]:
+        replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})
         states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
         failed = sorted(nid for nid, st in states.items() if st.main == "failed")
         if failed:
@@ -513,7 +513,7 @@ class Feeder:
         pending = list(books)
         while pending:
             ep = pending[0]
-            states = self._states(ep)
+            states = self._states(ep, wait=1.0)  # each node answers once its pass has ended
             if not all(st.closed or st.main != "running" for st in states.values()):
                 err = self._failure()
                 if err is not None:
@@ -528,7 +528,6 @@ class Feeder:
                         f"unread: read one pass per pushed epoch, use ctx.dataset(repeat=True), "
                         f"or return from main when done."
                     )
-                time.sleep(0.05)
                 continue
             pending.pop(0)
             left_early: dict[int, int] = {}

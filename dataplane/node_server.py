@@ -188,6 +188,9 @@ class NodeServer(flight.FlightServerBase):
             self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
             return json_result({"ok": True})
         if name is Action.EPOCH_STATE:
+            wait = float(body.get("wait", 0.0))
+            if wait > 0:  # long poll: answer as soon as the pass over the epoch has ended
+                self.buffer.wait_closed(int(body["epoch"]), min(wait, 2.0))
             return json_result(dict(self.buffer.epoch_state(int(body["epoch"])), main=self.main_state))
         if name is Action.METRICS:
             m = self.buffer.snapshot()

@@ -326,6 +326,20 @@ class FeedBuffer:
             ep = self._epochs.get(epoch)
             return ep.rows_in if ep else 0
 
+    def wait_closed(self, epoch: int, timeout: float) -> None:
+        """Block until ``epoch``'s pass has ended (or the consumer finished, or the node
+        stops), at most ``timeout`` seconds: the driver's long poll at the end of ``train``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                ep = self._epochs.get(epoch)
+                if self._stopped or self._consumer_done or (ep is not None and ep.closed):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.5))
+
     def epoch_state(self, epoch: int) -> dict[str, Any]:
         """rows received, emitted, closed, complete (see ``feeders.protocol.EpochState``)."""
         with self._cond:
