@@ -363,6 +363,7 @@ class FeedBuffer:
         refuse further data, drop what is queued, close every open epoch."""
         with self._cond:
             self._consumer_done = True
+            self.metrics["consumer_finished"] = True
             for ep in self._epochs.values():
                 self._close(ep)
             self._cond.notify_all()
