@@ -80,6 +80,8 @@ class BenchEnv:
         quick: True for the smoke run (tiny data, one repetition): skip optional extras.
         table_name: the table kind this run is about (``numeric``, ``mnist`` or ``image``).
         seed: the data seed.
+        epochs: ``--epochs``: epochs per repetition for scenarios that train several
+            (``train``); None: the scenario's own default.
     """
 
     def __init__(
@@ -93,8 +95,10 @@ class BenchEnv:
         table_name: str = "numeric",
         seed: int = 0,
         image_rows: int | None = None,
+        epochs: int | None = None,
     ) -> None:
         self.spark = spark
+        self.epochs = epochs
         self.rows = rows
         self.mnist_rows = mnist_rows
         self.image_rows = image_rows if image_rows is not None else max(1, rows // 100)
@@ -487,6 +491,7 @@ def run_bench(
     workdir: Path | None = None,
     progress: Progress = _no_progress,
     idle_wait: float = 10.0,
+    epochs: int | None = None,
 ) -> dict[str, Any]:
     """Run ``scenarios`` in this process and return the whole report (JSON-ready).
 
@@ -532,7 +537,7 @@ def run_bench(
                 wd.mkdir(parents=True, exist_ok=True)
                 env = BenchEnv(
                     spark, rows=rows, mnist_rows=mnist_rows, workdir=wd, quick=quick,
-                    table_name=kind, image_rows=image_rows,
+                    table_name=kind, image_rows=image_rows, epochs=epochs,
                 )
                 t0 = time.perf_counter()
                 try:

@@ -126,13 +126,44 @@ def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
         bd = sc.get("breakdown")
         if bd:
             out.extend(breakdown_lines(sc, bd))
+        targets = sc.get("targets")
         fit = sc.get("fit")
-        if fit:
+        if targets:
+            out.extend(_train_lines(sc, targets))
+        elif fit:
             verdict = "meets" if fit.get("within_target") else "MISSES"
             out.append(
                 f"- {sc['scenario']}/{sc.get('table')}: Keras fit fed by push runs at "
                 f"{fit.get('ratio', 0):.2f}x the in-memory fit (target >= 0.9x: {verdict})"
             )
+    return out
+
+
+def _train_lines(sc: dict[str, Any], targets: dict[str, Any]) -> list[str]:
+    """The train scenario's targets (with verdicts) and the cached node's memory."""
+    where = f"{sc['scenario']}/{sc.get('table')}"
+    out = []
+    for name, other in (("cache_vs_in_memory", "in-memory"),
+                        ("cache_vs_petastorm_converter", "petastorm-converter")):
+        t = targets.get(name) or {}
+        if t.get("ratio") is None:
+            out.append(f"- {where}: flight-push-cache vs {other}: not measured "
+                       f"({_cell(t.get('why', ''), 100)})")
+        else:
+            verdict = "meets" if t.get("within_target") else "MISSES"
+            out.append(
+                f"- {where}: Keras fit for {sc.get('epochs')} epochs fed by flight-push-cache runs "
+                f"at {t['ratio']:.2f}x {other} (target >= {t.get('target')}x: {verdict})"
+            )
+    for node, n in ((sc.get("cache_memory") or {}).get("nodes") or {}).items():
+        if "error" in n:
+            continue
+        out.append(
+            f"- {where}: cached node {node} holds {int(n.get('cache_memory_bytes') or 0) / 2**20:.1f} "
+            f"MiB in memory (bound {int(n.get('cache_bytes_limit') or 0) / 2**20:.0f} MiB), "
+            f"{int(n.get('cache_spilled_bytes') or 0) / 2**20:.1f} MiB spilled; feed buffer peak "
+            f"{int(n.get('buffer_peak_bytes') or 0) / 2**20:.1f} MiB"
+        )
     return out
 
 

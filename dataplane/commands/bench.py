@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smoke run: small data, one repetition, no optional extras")
     parser.add_argument("--reps", type=int, default=None,
                         help="timed repetitions per path (default 3; --quick: 1)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per repetition for the train scenario (default 5)")
     parser.add_argument("--table", choices=["numeric", "mnist", "image", "both", "all"], default=None,
                         help="table(s) to run on: both = numeric and mnist, all = also image "
                              "(48 KiB rows) (default: each scenario's own choice; push runs all "
@@ -183,7 +185,7 @@ def _run_on_data(args: argparse.Namespace) -> int:
     """``--data URL``: describe the data set (one-line errors), then time every path on it."""
     from benchmarks import userdata
 
-    given = [f"--{n.replace('_', '-')}" for n in ("rows", "mnist_rows", "image_rows", "table")
+    given = [f"--{n.replace('_', '-')}" for n in ("rows", "mnist_rows", "image_rows", "table", "epochs")
              if getattr(args, n) is not None]
     if given:
         return _fail(args, f"{', '.join(given)} choose synthetic tables; with --data the data is yours")
@@ -237,9 +239,9 @@ def run(args: argparse.Namespace) -> int:
 
     rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else 200_000)
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
-    if rows < 1 or reps < 1:
-        print(f"dataplane bench: --rows and --reps must be >= 1 (got {rows}, {reps})",
-              file=sys.stderr)
+    if rows < 1 or reps < 1 or (args.epochs is not None and args.epochs < 1):
+        print(f"dataplane bench: --rows, --reps and --epochs must be >= 1 "
+              f"(got {rows}, {reps}, {args.epochs})", file=sys.stderr)
         return 2
     peers = [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else None
     scenarios = _SCENARIOS if args.scenario == "all" else [args.scenario]
@@ -254,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
             scenarios, rows=rows, mnist_rows=args.mnist_rows, image_rows=args.image_rows,
             reps=reps, quick=args.quick,
             peers=peers, table=args.table, master=args.master, driver_memory=args.driver_memory,
-            progress=progress, idle_wait=_idle_wait(args),
+            progress=progress, idle_wait=_idle_wait(args), epochs=args.epochs,
         )
     _write_outputs(doc, args, progress)
     failed = _failed(doc)

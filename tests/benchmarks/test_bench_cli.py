@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROWS = 600
 SCENARIO_PATHS = {
     "push": {"flight-push", "spark-mapinarrow", "flight-raw", "tfos"},
-    "train": {"flight-push", "in-memory"},
+    "train": {"flight-push-cache", "flight-push", "in-memory", "petastorm-converter", "tfos"},
     "pull-s3": {"tfrecord", "pyarrow-stream"},
 }
 RESULT_KEYS = {"path", "rows_per_s", "mb_per_s", "seconds", "ok", "error"}
@@ -89,23 +89,61 @@ def test_quick_run_of_every_scenario(quick_run):
             assert RESULT_KEYS <= set(r), (where, r)
             if r["ok"]:
                 assert r["error"] is None, (where, r)
-                # every path delivered every row of its data (quick data is below any cap)
-                assert r["rows"] == sc["rows"], (where, r["path"], r["rows"])
-                assert r["rep_rows"] == [sc["rows"]], (where, r["path"])
+                # every path delivered every row of its data (quick data is below any cap),
+                # once per epoch where the scenario trains several (train: 5 per repetition)
+                want = sc["rows"] * (sc["epochs"] if sc["scenario"] == "train" else 1)
+                assert r["rows"] == want, (where, r["path"], r["rows"])
+                assert r["rep_rows"] == [want], (where, r["path"])
                 assert r["rows_per_s"] > 0 and r["seconds"] > 0
             else:
                 # only a peer that cannot run on this stack may be missing, and it says why
                 assert r["kind"] == "peer" and not compat, (where, r)
-                assert r["path"] in {"petastorm", "tfio"}, (where, r)
+                assert r["path"] in {"petastorm", "tfio", "petastorm-converter"}, (where, r)
                 assert "compat" in r["error"], (where, r["error"])
         for r in sc["results"]:
             if r["kind"] == "ours" and r["ok"]:
                 others = {o["path"] for o in sc["results"] if o["kind"] != "ours" and o["ok"]}
                 assert set(r["ratio_vs"]) == others, where
+    train = next(s for s in scenarios if s["scenario"] == "train")
+    _check_train(train, compat=compat)
     # the table on stdout and the plot come from the same JSON
     assert "| push | numeric | flight-push | ours |" in proc.stdout
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[push/numeric] flight-push" in proc.stderr  # progress went to stderr
+
+
+def _check_train(sc, *, compat):
+    """bench train: 5 epochs per repetition, both push paths, the peers and the targets."""
+    assert sc["epochs"] == 5 and sc["batch_size"] == 256
+    by = {r["path"]: r for r in sc["results"]}
+    assert by["flight-push-cache"]["kind"] == by["flight-push"]["kind"] == "ours"
+    assert by["in-memory"]["kind"] == "ceiling"
+    assert by["petastorm-converter"]["kind"] == by["tfos"]["kind"] == "peer"
+    assert by["flight-push-cache"]["ok"] and by["flight-push"]["ok"] and by["in-memory"]["ok"]
+    # the cache pushes once per repetition, the plain push once per epoch
+    assert sc["spark_jobs_per_rep"] == {"flight-push-cache": [1], "flight-push": [5]}
+    targets = sc["targets"]
+    assert targets["cache_vs_in_memory"]["target"] == 0.9
+    assert targets["cache_vs_in_memory"]["ratio"] > 0
+    assert isinstance(targets["cache_vs_in_memory"]["within_target"], bool)
+    pc = targets["cache_vs_petastorm_converter"]
+    assert pc["target"] == 3.0
+    if not compat:
+        # a compat-only peer says which stack it needs, and the verdict says why it has none
+        peer = by["petastorm-converter"]
+        assert not peer["ok"] and "compat stack" in peer["error"], peer
+        assert pc["ratio"] is None and "compat stack" in pc["why"]
+    else:
+        assert by["petastorm-converter"]["ok"], by["petastorm-converter"]["error"]
+        assert pc["ratio"] > 0
+    # the cached node's memory against its bound, from cluster.metrics()
+    nodes = sc["cache_memory"]["nodes"]
+    assert len(nodes) == 1
+    (node,) = nodes.values()
+    assert node["cache_rows"] == sc["rows"]
+    assert 0 < node["cache_memory_bytes"] <= node["cache_bytes_limit"]
+    assert node["cache_spilled_bytes"] == 0 and node["buffer_peak_bytes"] > 0
+    assert sc["cache_memory"]["within_bound"] is True
 
 
 def test_help_imports_neither_tensorflow_nor_spark():
