@@ -30,13 +30,13 @@ from tests.dataplane.loop_mains import loops_main
 pytestmark = pytest.mark.cluster
 
 IMAGE = 64 * 64 * 3  # float32 values: 48 KiB rows
-SMALL_BUFFER = 1 << 20  # a worker's share of one image partition's Arrow batch is ~4.8 MB
+SMALL_BUFFER = 1 << 20  # a worker's share of one image partition's Arrow batch is ~2.4 MB
 FEED_TIMEOUT = 150.0
 
 ROWS = {
     # kind: (rows, partitions, width, batch size, k for break/take/evaluate, k for fit_steps)
     "narrow": (960, 3, 4, 32, 4, 12),
-    "image": (400, 2, IMAGE, 16, 3, 10),
+    "image": (200, 2, IMAGE, 16, 3, 5),
 }
 # pattern: epochs pushed per train() call
 PATTERNS = {
