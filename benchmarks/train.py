@@ -36,8 +36,8 @@ epochs as in real training:
 Targets (``extra``): ``flight-push-cache`` >= :data:`TARGET_RATIO` x ``in-memory`` and
 >= :data:`TARGET_VS_PETASTORM` x ``petastorm-converter``. ``extra`` also reports the cached
 node's memory (``cache_memory_bytes`` against ``cache_bytes_limit``, spilled bytes and
-``buffer_peak_bytes``, from ``cluster.metrics()`` after the last repetition) and the Spark jobs
-each ours path ran per repetition.
+``buffer_peak_bytes``, from ``cluster.metrics()`` after the last repetition), the Spark jobs
+each ours path ran per repetition (warm-up first) and each epoch's ``fit`` seconds on the node.
 """
 
 from __future__ import annotations
@@ -162,6 +162,7 @@ class PushFitPath:
         self.cluster: Any = None
         self.epoch = 0
         self.spark_jobs: list[int] = []  # per repetition (the warm-up included)
+        self.epoch_seconds: list[list[float]] = []  # per repetition: each epoch's fit seconds
         self.final_metrics: dict[Any, Any] | None = None
 
     def __call__(self) -> int:
@@ -184,6 +185,12 @@ class PushFitPath:
                 raise TimeoutError(f"the node did not finish fitting epoch {last} in 600 s")
             time.sleep(0.003)
         self.spark_jobs.append(int(report.spark_jobs))
+        # each epoch's own fit time on the node (the first epoch of a cached repetition waits
+        # for the push; the later ones replay): where the repetition's time went
+        self.epoch_seconds.append([
+            round(float((_read_json(self.dir / f"epoch{e}.json") or {}).get("seconds", 0.0)), 3)
+            for e in range(last - self.epochs + 1, last + 1)
+        ])
         consumed = int(report.rows_consumed)
         if consumed != self.rows * self.epochs:
             raise RuntimeError(
@@ -463,6 +470,7 @@ def extra(env: Any, results: list[dict[str, Any]], *, progress: Callable[[str], 
         out["fit"] = {**targets["cache_vs_in_memory"], "batch_size": BATCH_SIZE}
     paths = getattr(env, "train_paths", {})
     out["spark_jobs_per_rep"] = {name: p.spark_jobs for name, p in paths.items()}
+    out["node_fit_seconds_per_epoch"] = {name: p.epoch_seconds for name, p in paths.items()}
     cached = paths.get("flight-push-cache")
     metrics = getattr(cached, "final_metrics", None) or {}
     nodes = {}

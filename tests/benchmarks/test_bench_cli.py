@@ -122,6 +122,7 @@ def _check_train(sc, *, compat):
     assert by["flight-push-cache"]["ok"] and by["flight-push"]["ok"] and by["in-memory"]["ok"]
     # the cache pushes once per repetition, the plain push once per epoch
     assert sc["spark_jobs_per_rep"] == {"flight-push-cache": [1], "flight-push": [5]}
+    assert [len(e) for e in sc["node_fit_seconds_per_epoch"]["flight-push-cache"]] == [5]
     targets = sc["targets"]
     assert targets["cache_vs_in_memory"]["target"] == 0.9
     assert targets["cache_vs_in_memory"]["ratio"] > 0
