@@ -38,7 +38,7 @@ def _read(path, compression=None):
 def test_crc32c_known_values_and_fallback_agree():
     assert tfrecord.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     data = bytes(range(256)) * 3
-    assert tfrecord._crc32c_python(data) == tfrecord.crc32c(data)
+    assert tfrecord.crc._crc32c_python(data) == tfrecord.crc32c(data)
     crc = 0xE3069283
     assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -154,7 +154,7 @@ def _batches(source, *, batch_records=1024):
 def test_records_cross_read_chunks_and_batches_intact(tmp_path, monkeypatch, read_chunk, batch_records):
     p = tmp_path / "many.tfrecord"
     _write(p, MANY)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", read_chunk)
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", read_chunk)
     with open(p, "rb") as f:
         batches = _batches(f, batch_records=batch_records)
     assert [r for b in batches for r in b] == MANY
@@ -176,8 +176,8 @@ def test_a_short_walk_still_hands_out_every_record_once(tmp_path, monkeypatch, w
     any walk length, even shorter than one record, gives every record once, in order."""
     p = tmp_path / "many.tfrecord"
     _write(p, MANY)
-    monkeypatch.setattr(tfrecord, "_WALK_BYTES", walk)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)
+    monkeypatch.setattr(tfrecord.reader, "_WALK_BYTES", walk)
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", 1000)
     with open(p, "rb", buffering=0) as f:
         batches = _batches(f if source == "stream" else f.read(), batch_records=64)
     assert [r for b in batches for r in b] == MANY
@@ -187,7 +187,7 @@ def test_a_short_walk_still_hands_out_every_record_once(tmp_path, monkeypatch, w
 def test_a_bad_record_deep_in_the_file_has_its_own_offset(tmp_path, monkeypatch, source):
     p = tmp_path / "bad.tfrecord"
     at, size = _write_with_bad_data(p, MANY, 151)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)  # the record starts in a later chunk
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", 1000)  # the record starts in a later chunk
     seen = []
     with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: "
                                           rf"the CRC of its {size} data bytes does not match"):
@@ -240,7 +240,7 @@ def test_spans_hand_out_what_record_lists_do(tmp_path, monkeypatch, read_chunk, 
 
     p = tmp_path / "many.tfrecord"
     _write(p, MANY)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", read_chunk)
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", read_chunk)
     with open(p, "rb", buffering=0) as f:
         lists = _batches(f, batch_records=64)
     with open(p, "rb", buffering=0) as f:
@@ -259,7 +259,7 @@ def test_pooled_spans_keep_their_bytes_while_alive_and_free_them_after(tmp_path,
 
     p = tmp_path / "many.tfrecord"
     _write(p, MANY * 5)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 4096)
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", 4096)
     pool = BufferPool()
     with open(p, "rb", buffering=0) as f:
         held = list(tfrecord.iter_record_spans(f, name="f", batch_records=50, pool=pool))
@@ -282,7 +282,7 @@ def test_spans_raise_the_same_errors(tmp_path, monkeypatch, pooled):
 
     p = tmp_path / "bad.tfrecord"
     at, size = _write_with_bad_data(p, MANY, 151)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", 1000)
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", 1000)
     seen = []
     with pytest.raises(RecordError, match=rf"^f: corrupt record at byte offset {at}: "
                                           rf"the CRC of its {size} data bytes does not match"):
@@ -317,8 +317,8 @@ UNIFORM = [bytes([i % 251]) * 100 for i in range(300)] + [b"b" * 101] * 50 + [b"
 def test_runs_of_one_length_are_walked_like_any_records(tmp_path, monkeypatch, read_chunk, walk):
     p = tmp_path / "uniform.tfrecord"
     _write(p, UNIFORM)
-    monkeypatch.setattr(tfrecord, "_READ_CHUNK", read_chunk)
-    monkeypatch.setattr(tfrecord, "_WALK_BYTES", walk)
+    monkeypatch.setattr(tfrecord.reader, "_READ_CHUNK", read_chunk)
+    monkeypatch.setattr(tfrecord.reader, "_WALK_BYTES", walk)
     with open(p, "rb", buffering=0) as f:
         batches = _batches(f, batch_records=64)
     assert [r for b in batches for r in b] == UNIFORM
