@@ -220,15 +220,15 @@ def test_the_repeat_shortcut_compares_bytes_and_does_not_trust_the_value_count()
     # Hand-made repetition levels: rows of 16 encoded as [bit-packed 0,1x7][RLE 1x8], and in
     # the middle a row of 17 then one of 15 encoded in the same number of bytes. The level
     # count adds up, so only the byte comparison of the repeated stretch can catch it.
-    from formats.parquet_pages import _RowWalk
+    from formats.parquet_pages.rle import RowWalk
 
     good = bytes([0x03, 0xFE, 0x10, 0x01])
     bad = bytes([0x03, 0xFE, 0x12, 0x01, 0x03, 0xFE, 0x0E, 0x01])
     for stream in (good * 500 + bad + good * 498, good * 5 + bad + good * 993):
-        walk = _RowWalk(16)
+        walk = RowWalk(16)
         with pytest.raises(PagesRefused, match="a row with another number of values"):
             walk.walk(stream, 0, len(stream), 1000 * 16)
-    walk = _RowWalk(16)
+    walk = RowWalk(16)
     walk.walk(good * 1000, 0, 4000, 16000)
     walk.finish()
 
@@ -253,7 +253,7 @@ def test_dictionary_indices_mixing_long_bit_packed_and_repeated_runs(tmp_path):
 def test_a_page_that_decompresses_short_is_refused(codec):
     # pyarrow hands back a buffer of the size asked for even when the data are shorter (its
     # tail uninitialised); the stated length is checked first.
-    from formats.parquet_pages import _decompress
+    from formats.parquet_pages.decode import _decompress
 
     body = pa.Codec(codec).compress(bytes(range(100)) * 3, asbytes=True)
     page = _decompress(pa.Codec(codec), memoryview(body), 300)
