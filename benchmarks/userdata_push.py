@@ -120,7 +120,7 @@ def drain_main(args: dict[str, Any], ctx: Any) -> None:
 def _drain_unavailable() -> str | None:
     """Why the node-buffer stage cannot run against this checkout's node API, or None."""
     try:
-        from dataplane.context import NodeContext
+        from dataplane.node.context import NodeContext
         from feeders.source import iterate_epoch
 
         params = set(inspect.signature(iterate_epoch).parameters)

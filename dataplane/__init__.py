@@ -44,12 +44,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "run": ("dataplane.startup", "run"),
-    "Cluster": ("dataplane.cluster", "Cluster"),
-    "FeedReport": ("dataplane.feed", "FeedReport"),
-    "NodeContext": ("dataplane.context", "NodeContext"),
-    "tune": ("dataplane.tuning", "tune"),
-    "predict": ("dataplane.batch_predict", "predict"),
+    "run": ("dataplane.driver.startup", "run"),
+    "Cluster": ("dataplane.driver.cluster", "Cluster"),
+    "FeedReport": ("dataplane.driver.feed", "FeedReport"),
+    "NodeContext": ("dataplane.node.context", "NodeContext"),
+    "tune": ("dataplane.workloads.tuning", "tune"),
+    "predict": ("dataplane.workloads.batch_predict", "predict"),
     "ml": ("dataplane.ml", None),
     "compat": ("dataplane.compat", None),
 }

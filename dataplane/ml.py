@@ -353,7 +353,7 @@ class TFModel(_SharedParams, Model, DefaultParamsReadable, DefaultParamsWritable
         return self.getOrDefault(self.layer)
 
     def _transform(self, dataset: Any) -> Any:
-        from dataplane.batch_predict import predict
+        from dataplane.workloads.batch_predict import predict
 
         if not self.isDefined(self.modelPath) or not self.isDefined(self.inputCols):
             raise SchemaError("TFModel: modelPath and inputCols must both be set.")

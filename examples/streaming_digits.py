@@ -3,9 +3,10 @@
     python -m examples.streaming_digits
 
 Parquet files landing in a directory are read as a stream (one file per micro-batch); each
-micro-batch is pushed into the cluster (``dataplane.streaming.feed_stream``) and the node takes
-training steps on it as it arrives. Stopping the query, then shutting the cluster down, ends the
-feed; the chief then reports how many micro-batches it saw and the held-out accuracy.
+micro-batch is pushed into the cluster (``dataplane.workloads.streaming.feed_stream``) and the
+node takes training steps on it as it arrives. Stopping the query, then shutting the cluster
+down, ends the feed; the chief then reports how many micro-batches it saw and the held-out
+accuracy.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def run(argv: list[str] | None = None) -> dict:
     p.add_argument("--files-per-pass", type=int, default=3)
     a = p.parse_args(argv)
     import dataplane
-    from dataplane.streaming import feed_stream
+    from dataplane.workloads.streaming import feed_stream
 
     spark = spark_session("streaming-digits")
     work = tempfile.mkdtemp(prefix="streaming-")

@@ -16,9 +16,10 @@ starts the nodes with :func:`dataplane.run` and returns a :class:`TFCluster`, wh
 not set: TFoS 2.2.5 programs are ``tf.keras`` 2 programs (``model.save(..., save_format='tf')``,
 ``fit`` under ``MultiWorkerMirroredStrategy``), which Keras 3 refuses.
 
-Refused, with the replacement named: DStreams (:func:`dataplane.streaming.feed_stream`),
-``driver_ps_nodes`` (count the ps in ``num_executors``). Every element of a fed RDD must have the
-layout of the first (same tuple length and field kinds); N-d array fields arrive flattened.
+Refused, with the replacement named: DStreams
+(:func:`dataplane.workloads.streaming.feed_stream`), ``driver_ps_nodes`` (count the ps in
+``num_executors``). Every element of a fed RDD must have the layout of the first (same tuple
+length and field kinds); N-d array fields arrive flattened.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ class TFCluster:
         if hasattr(dataRDD, "foreachRDD"):
             raise TypeError(
                 "DStreams are not supported; feed a Structured Streaming query with "
-                "dataplane.streaming.feed_stream(cluster.cluster, stream_df)."
+                "dataplane.workloads.streaming.feed_stream(cluster.cluster, stream_df)."
             )
         if not isinstance(num_epochs, int) or num_epochs < 0:
             raise ValueError(f"num_epochs cannot be negative, got {num_epochs!r}")
@@ -386,7 +387,8 @@ class TFCluster:
         """
         if ssc is not None:
             raise TypeError(
-                "Spark Streaming contexts are not supported; see dataplane.streaming.feed_stream."
+                "Spark Streaming contexts are not supported; see "
+                "dataplane.workloads.streaming.feed_stream."
             )
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         if self.input_mode == InputMode.TENSORFLOW:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from dataplane.commands import console
+from dataplane.cli import console
 from tests.badinput.catalogue import Case, CliError, Env, bad, check, cli, params
 from tests.builders import numeric_table
 
@@ -126,7 +126,7 @@ def test_failed_export_job_is_one_line_without_spark_chatter(tmp_path):
 def test_unexpected_error_is_one_line_and_v_shows_the_traceback(monkeypatch, capsys):
     """An error no command anticipated: one line naming its type; -v re-raises it."""
     from dataplane import cli
-    from dataplane.commands import inspect
+    from dataplane.cli import inspect
 
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "")
 

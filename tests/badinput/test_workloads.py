@@ -14,9 +14,9 @@ import pytest
 from pyspark.errors import PythonException
 
 import dataplane
-from dataplane.batch_predict import Predictor
 from dataplane.errors import SchemaError, StorageError
 from dataplane.ml import TFEstimator
+from dataplane.workloads.batch_predict import Predictor
 from tests.badinput.catalogue import Case, Env, bad, check, params, spark_usable
 
 PR, TU, EST = "dataplane.predict", "dataplane.tune", "dataplane.ml.TFEstimator"

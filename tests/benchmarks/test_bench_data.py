@@ -312,7 +312,7 @@ def test_image_table_has_48_kib_rows():
 def test_progress_bar_redraws_under_the_lines():
     import io
 
-    from dataplane.commands.bench import _Progress
+    from dataplane.cli.bench import _Progress
 
     stream = io.StringIO()
     bar = _Progress(stream, bar=True)

@@ -46,6 +46,6 @@ def node_processes(cluster_id: str) -> list[int]:
             cmd = open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace")
         except OSError:
             continue
-        if "dataplane.node" in cmd and f"dataplane-{cluster_id}-" in cmd and alive(int(d)):
+        if "dataplane.node.process" in cmd and f"dataplane-{cluster_id}-" in cmd and alive(int(d)):
             out.append(int(d))
     return out

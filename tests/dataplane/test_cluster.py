@@ -100,7 +100,8 @@ def test_importing_dataplane_does_not_import_tensorflow():
     import sys
 
     code = (
-        "import sys, dataplane, formats, feeders, dataplane.startup, dataplane.cluster, dataplane.feed; "
+        "import sys, dataplane, formats, feeders, dataplane.driver.startup, "
+        "dataplane.driver.cluster, dataplane.driver.feed; "
         "print('tensorflow' in sys.modules, 'pyspark' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from dataplane.batch_predict import load_predictor, predict
 from dataplane.errors import SchemaError, StorageError
+from dataplane.workloads.batch_predict import load_predictor, predict
 
 ROWS = 300
 

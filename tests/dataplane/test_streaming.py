@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataplane
-from dataplane.streaming import feed_stream
+from dataplane.workloads.streaming import feed_stream
 from tests.dataplane.clusterutil import wait_json
 from tests.dataplane.workload_mains import stream_main
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dataplane.errors import StorageError
-from dataplane.tuning import tune
+from dataplane.workloads.tuning import tune
 from tests.builders import numeric_table
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dataplane.node_server import InferenceBroker, NodeServer
+from dataplane.node.server import InferenceBroker, NodeServer
 from feeders.buffer import EpochInfo, FeedBuffer
 from feeders.protocol import chunk_bytes, split_counts
 from feeders.push import _Push, push_partition

@@ -1,4 +1,4 @@
-"""The TF node process: ``python -m dataplane.node``.
+"""The TF node process: ``python -m dataplane.node.process``.
 
 Started (spawned, never forked: gRPC does not survive fork) by the launch task on an executor,
 detached from the Spark worker so the task can return and free its slot. In order, it:
@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["spawn_detached", "NodeShutdown"]
 
-logger = logging.getLogger("dataplane.node")
+logger = logging.getLogger("dataplane.node.process")
 
 _LOG_TAIL = 4000
 
@@ -50,7 +50,7 @@ def spawn_detached(config_path: str, ready_fd: int, env: dict[str, str]) -> int:
     long-lived Python worker. Returns the intermediate's exit code.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.node", "--detach", config_path, str(ready_fd)],
+        [sys.executable, "-m", "dataplane.node.process", "--detach", config_path, str(ready_fd)],
         pass_fds=(ready_fd,),
         env=env,
         stdin=subprocess.DEVNULL,
@@ -63,7 +63,7 @@ def _detach(config_path: str, ready_fd: int) -> None:
     workdir = os.path.dirname(config_path)
     log = open(os.path.join(workdir, "node.log"), "ab", buffering=0)
     subprocess.Popen(
-        [sys.executable, "-m", "dataplane.node", "--run", config_path, str(ready_fd)],
+        [sys.executable, "-m", "dataplane.node.process", "--run", config_path, str(ready_fd)],
         pass_fds=(ready_fd,),
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -123,7 +123,7 @@ class _Node:
     def _bind_flight(self, host: str):  # type: ignore[no-untyped-def]
         import pyarrow.flight as flight
 
-        from dataplane.node_server import InferenceBroker, NodeServer
+        from dataplane.node.server import InferenceBroker, NodeServer
         from dataplane.rpc import PortRangeError
         from feeders.buffer import FeedBuffer
 
@@ -327,7 +327,7 @@ class _Node:
     def _run_main(self, client, me, topology, log_dir, startup_error=None) -> None:  # type: ignore[no-untyped-def]
         from pyspark import cloudpickle
 
-        from dataplane.context import NodeContext
+        from dataplane.node.context import NodeContext
 
         ok, tb_text = True, ""
         try:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import FeedError, SchemaError
-from dataplane.node_server import InferenceBroker
+from dataplane.node.server import InferenceBroker
 from dataplane.topology import NodeInfo, Topology
 from feeders.buffer import FeedBuffer
 

@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
+from dataplane.driver.sparkjobs import SparkJob, arrow_schema_of, is_connect, sample_arrow
 from dataplane.errors import FeedError, NodeError, SchemaError
-from dataplane.sparkjobs import SparkJob, arrow_schema_of, is_connect, sample_arrow
 from dataplane.topology import NodeInfo
 from feeders.protocol import Action, BeginEpoch, EpochState, chunk_bytes
 

@@ -53,7 +53,7 @@ class NodeLauncher:
         from pyspark import TaskContext
 
         from dataplane import rpc
-        from dataplane.node import spawn_detached
+        from dataplane.node.process import spawn_detached
 
         for _ in batches:
             pass

@@ -231,7 +231,7 @@ def _cached_predictor(
             if not isinstance(predictor, Predictor):
                 raise TypeError(
                     f"predict: loader {key[2]} returned {type(predictor).__name__}, not a "
-                    f"dataplane.batch_predict.Predictor."
+                    f"dataplane.workloads.batch_predict.Predictor."
                 )
             _MODELS[key] = predictor
             logger.info("predict: loaded %s (layer %s) in pid %d", model_path, layer, os.getpid())

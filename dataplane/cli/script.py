@@ -1,10 +1,10 @@
 """The ``dataplane`` console script.
 
-Each sub-command lives in ``dataplane/commands/<name>.py`` and exposes ``add_arguments(parser)``
+Each sub-command lives in ``dataplane/cli/<name>.py`` and exposes ``add_arguments(parser)``
 and ``run(args) -> int``. Modules are imported only for the command being run (or asked about),
 and none of them imports Spark or TensorFlow at import time, so ``--help`` is instant.
 
-Every command gets the same terminal behaviour from here (see :mod:`dataplane.commands.console`):
+Every command gets the same terminal behaviour from here (see :mod:`dataplane.cli.console`):
 an exception that escapes a command prints one line, ``dataplane <cmd>: error: <what>``, and
 exits 1 (130 on Ctrl-C) instead of a traceback; Spark's start-up chatter is kept off the
 terminal. ``-v`` shows both again.
@@ -23,10 +23,10 @@ __all__ = ["main"]
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("dataplane.commands.demo", "train a Keras model on digits through the push path"),
-    "bench": ("dataplane.commands.bench", "measure throughput of every data path against peers"),
-    "export": ("dataplane.commands.export", "convert Parquet <-> TFRecord as a Spark job"),
-    "inspect": ("dataplane.commands.inspect", "show a Parquet/TFRecord dataset's schema and TF spec"),
+    "demo": ("dataplane.cli.demo", "train a Keras model on digits through the push path"),
+    "bench": ("dataplane.cli.bench", "measure throughput of every data path against peers"),
+    "export": ("dataplane.cli.export", "convert Parquet <-> TFRecord as a Spark job"),
+    "inspect": ("dataplane.cli.inspect", "show a Parquet/TFRecord dataset's schema and TF spec"),
 }
 
 
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if a in COMMANDS), None)
     args = _parser(command).parse_args(argv)
     if not args.verbose:
-        from dataplane.commands.console import quiet_spark
+        from dataplane.cli.console import quiet_spark
 
         # Before the command starts Spark: the JVM reads the log4j2 setting at launch;
         # before logging, whose handler must write to the terminal, not the filter.
@@ -70,12 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the console script's last word; -v re-raises
         if args.verbose:
             raise
-        from dataplane.commands.console import problem_line
+        from dataplane.cli.console import problem_line
 
         print(f"dataplane {args.command}: error: {problem_line(exc)} (-v shows the traceback)",
               file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

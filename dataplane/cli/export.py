@@ -97,7 +97,7 @@ class _Bar:
 def _spark(master: str | None, verbose: int = 0) -> Any:
     from pyspark.sql import SparkSession
 
-    from dataplane.commands.console import spark_log_level
+    from dataplane.cli.console import spark_log_level
 
     builder = SparkSession.builder.appName("dataplane-export")
     if master and master.startswith("sc://"):

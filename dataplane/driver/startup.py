@@ -1,8 +1,9 @@
 """Starting a cluster: ``dataplane.run`` places the TF nodes and waits for their reservation.
 
 The driver starts its control server, then one barrier Spark stage whose tasks each spawn a
-node process (:mod:`dataplane.launcher`). Every node binds its Flight server, then registers;
-once all have, the driver has the cluster spec and returns a :class:`dataplane.cluster.Cluster`.
+node process (:mod:`dataplane.node.launcher`). Every node binds its Flight server, then
+registers; once all have, the driver has the cluster spec and returns a
+:class:`dataplane.driver.cluster.Cluster`.
 A node that fails to start, a launch job that fails, or a reservation that times out is a
 typed error, and whatever did start is stopped again.
 """
@@ -17,10 +18,10 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from dataplane.cluster import Cluster
-from dataplane.control import ControlServer
+from dataplane.driver.cluster import Cluster
+from dataplane.driver.control import ControlServer
 from dataplane.errors import NodeError, ReservationError, error_summary
-from dataplane.sparkjobs import SparkJob, is_connect
+from dataplane.driver.sparkjobs import SparkJob, is_connect
 
 __all__ = ["run"]
 
@@ -155,7 +156,7 @@ def run(
         host, secret, num_nodes=num_nodes, num_ps=num_ps, evaluator=evaluator,
         node_config=node_config, tls=tls,
     )
-    from dataplane.launcher import LAUNCH_SCHEMA, NodeLauncher
+    from dataplane.node.launcher import LAUNCH_SCHEMA, NodeLauncher
 
     launcher = NodeLauncher(
         driver=control.location,

@@ -3,7 +3,7 @@
 It holds the running nodes' topology and the driver's control server, offers ``train``,
 ``inference``, ``metrics`` and ``shutdown``, and tears the nodes down (draining first, then
 stopping, then reaping what lingers on this machine). Starting the nodes is
-:mod:`dataplane.startup`.
+:mod:`dataplane.driver.startup`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from dataplane.control import ControlServer
+from dataplane.driver.control import ControlServer
 from dataplane.errors import ClusterStateError, NodeError, error_summary
-from dataplane.feed import Feeder, FeedReport
-from dataplane.sparkjobs import SparkJob
+from dataplane.driver.feed import Feeder, FeedReport
+from dataplane.driver.sparkjobs import SparkJob
 from dataplane.topology import NodeInfo, Topology
 
 __all__ = ["Cluster"]
@@ -242,7 +242,7 @@ class Cluster:
 
     # -- internals --------------------------------------------------------------------------
     def _mark_running(self, topology: Topology) -> None:
-        """Every node registered (called by :func:`dataplane.startup.run`)."""
+        """Every node registered (called by :func:`dataplane.driver.startup.run`)."""
         self.topology = topology
         self._state = "running"
 
