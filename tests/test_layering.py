@@ -252,20 +252,17 @@ def test_importing_a_package_has_no_side_effects(pkg):
 def test_moved_names_keep_their_old_homes():
     """What moved down a layer is still importable, as the same objects, from where it was."""
     import dataplane.errors
-    import dataplane.executor
     import dataplane.rpc
     import feeders.flight
     import feeders.fs
     import formats.errors
     import formats.fs
-    import formats.sparktask
     from formats.schema import column_specs
 
     for old, new in [
         (dataplane.errors, formats.errors),
         (feeders.fs, formats.fs),
         (dataplane.rpc, feeders.flight),
-        (dataplane.executor, formats.sparktask),
     ]:
         for name in new.__all__:
             assert getattr(old, name) is getattr(new, name), (old.__name__, name)

@@ -242,7 +242,7 @@ _NUMPY_OF = {"float": np.float32, "double": np.float64, "bigint": np.int64, "boo
 def rdd_to_dataframe(spark: Any, rdd: Any) -> Any:
     """Turn an RDD of TFoS-style elements into the DataFrame pushed to the nodes.
 
-    The column names record the element layout (see ``compat_node.column_name``) so the nodes
+    The column names record the element layout (see ``TFNode.column_name``) so the nodes
     rebuild each element as it was: a tuple, a list, or a single value.
 
     Raises:

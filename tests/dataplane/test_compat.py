@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from dataplane.compat import InputMode, TFCluster, rdd_to_dataframe
-from dataplane.compat_node import decode_rows
+from dataplane.compat.TFNode import decode_rows
 from dataplane.errors import ClusterStateError, SchemaError
 from tests.dataplane.clusterutil import wait_json
 from tests.dataplane.tfos_programs import feed_and_answer_main
