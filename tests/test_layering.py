@@ -6,6 +6,10 @@ statement, including those inside functions (they run later, but they still tie 
 package to the higher one). Between modules, the imports that run at import time (module and
 class bodies; not function bodies, not ``if TYPE_CHECKING:`` blocks) form no cycle.
 
+Inside ``dataplane``, modules live in rooms by role (``driver/``, ``node/``, ``workloads/``,
+``compat/``, ``cli/``) around a small top (the public door and what the driver and the node
+share); each imports only the parts of ``dataplane`` that :data:`ROOM_IMPORTS` allows it.
+
 The walk reads the source with :mod:`ast`; it imports nothing.
 """
 
@@ -37,6 +41,30 @@ UPWARD_IMPORTS_NOT_YET_FIXED: set[tuple[str, str]] = set()
 # Import cycles between modules not fixed yet (same rule: delete when fixed, never add). Each
 # entry is the sorted tuple of the modules in one cycle.
 CYCLES_NOT_YET_FIXED: set[tuple[str, ...]] = set()
+
+# Inside dataplane/: a small top (the public door and what the driver and the node share) and
+# rooms by role. Each room, and each top module, may import from dataplane only itself and what
+# ROOM_IMPORTS lists. ``dataplane`` (the package: the public names) matches only itself; every
+# other name covers its submodules too.
+TOP = {"dataplane", "dataplane.errors", "dataplane.ml", "dataplane.topology", "dataplane.rpc"}
+ROOMS = {"dataplane.driver", "dataplane.node", "dataplane.workloads", "dataplane.compat", "dataplane.cli"}
+SHARED = {"dataplane.errors", "dataplane.topology", "dataplane.rpc"}
+PUBLIC = {"dataplane", "dataplane.errors"}
+ROOM_IMPORTS: dict[str, set[str]] = {
+    # the shared ground stands on formats and feeders only
+    "dataplane.errors": set(),
+    "dataplane.topology": set(),
+    "dataplane.rpc": set(),
+    # the driver starts nodes through the launch task, its one door into the node's room; the
+    # node never imports the driver's code (they talk over Flight)
+    "dataplane.driver": SHARED | {"dataplane.node.launcher"},
+    "dataplane.node": SHARED,
+    # on top: built on the public names, never on the driver's or the node's insides
+    "dataplane.workloads": PUBLIC,
+    "dataplane.ml": PUBLIC | {"dataplane.workloads"},
+    "dataplane.compat": PUBLIC,
+    "dataplane.cli": PUBLIC,
+}
 
 
 @dataclass(frozen=True)
@@ -199,6 +227,34 @@ def test_the_allow_list_has_no_stale_entries():
     assert not gone, f"fixed, so delete from CYCLES_NOT_YET_FIXED: {gone}"
     for pair in UPWARD_BY_DESIGN:
         assert any(_covers({pair}, i) for i in IMPORTS), f"{pair} no longer imports: delete it"
+
+
+def _within(module: str, name: str) -> bool:
+    return module == name or (name != "dataplane" and module.startswith(name + "."))
+
+
+def test_every_dataplane_module_is_at_the_top_or_in_a_room():
+    assert set(ROOM_IMPORTS) == (TOP - {"dataplane"}) | ROOMS
+    stray = sorted(
+        m for m in MODULES
+        if m.split(".")[0] == "dataplane" and m not in TOP and not any(_within(m, r) for r in ROOMS)
+    )
+    assert not stray, f"modules at the top of dataplane/ that are neither public nor shared: {stray}"
+    for room in ROOMS:
+        assert room in MODULES, f"{room} is not a package any more: update ROOMS"
+
+
+def test_rooms_import_only_what_they_may():
+    bad = []
+    for i in IMPORTS:
+        room = next((r for r in ROOM_IMPORTS if _within(i.module, r)), None)
+        if room is None or i.target.split(".")[0] != "dataplane":
+            continue
+        if _within(i.target, room) or any(_within(i.target, ok) for ok in ROOM_IMPORTS[room]):
+            continue
+        allowed = ", ".join(sorted(ROOM_IMPORTS[room])) or "nothing else from dataplane"
+        bad.append(f"{i.source}:{i.line} imports {i.target} ({room} may import {allowed})")
+    assert not bad, "imports across dataplane's rooms:\n" + "\n".join(sorted(bad))
 
 
 def _loads_excused(module: str) -> bool:
