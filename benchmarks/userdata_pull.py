@@ -174,11 +174,12 @@ def _parquet_stream(d: Any) -> tuple[Callable[[], Iterator[Any]], Callable[[Any]
     Returns the stream (a callable giving one pass) and how to count an item's rows: a dict
     of arrays, or with ragged columns the flat tuple (values, then row splits).
     """
-    from feeders.parquet import _ChunkStream, chunk_rows_for
+    from feeders.parquet.plan import chunk_rows_for
+    from feeders.parquet.stream import ChunkStream
 
     dense = not any(s.is_ragged for s in d.specs)
     chunk = chunk_rows_for(d.plan.metadata, d.columns, d.spec.batch_size) if dense else d.spec.batch_size
-    stream = _ChunkStream(d.plan.location, d.plan.units, d.specs, d.plan.schema, chunk, None)
+    stream = ChunkStream(d.plan.location, d.plan.units, d.specs, d.plan.schema, chunk, None)
     first = d.specs[0]
 
     def count(item: Any) -> int:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import feeders
-from feeders import parquet as parquet_mod
+from feeders.parquet import pages, plan
 from tests.builders import numeric_table, write_parquet_files
 
 
@@ -23,7 +23,7 @@ def _ids(ds) -> np.ndarray:  # type: ignore[no-untyped-def]
 def test_rows_arrive_in_file_and_row_group_order(tmp_path, monkeypatch):
     # Small chunks and many files/row groups, so the scan's read-ahead has several files in
     # flight at once: the batches must still come out in file order, every row once.
-    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(plan, "_CHUNK_BYTES", 4096)
     write_parquet_files(numeric_table(3000), tmp_path, files=7, row_group_size=150)
     ds = feeders.parquet_dataset(tmp_path, batch_size=64)
     for _ in range(2):  # and again on the next epoch
@@ -31,7 +31,7 @@ def test_rows_arrive_in_file_and_row_group_order(tmp_path, monkeypatch):
 
 
 def test_row_group_shards_keep_order_and_partition_the_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(plan, "_CHUNK_BYTES", 4096)
     write_parquet_files(numeric_table(2000), tmp_path, files=1, row_group_size=100)
     parts = [_ids(feeders.parquet_dataset(tmp_path, batch_size=50, shard=(i, 3))) for i in range(3)]
     for p in parts:
@@ -79,7 +79,7 @@ def _fallbacks(caplog) -> list[str]:  # type: ignore[no-untyped-def]
 
 def test_dense_list_columns_are_decoded_from_pages_with_exact_values(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG, logger="feeders.parquet")
-    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 20_000)  # chunks cut row groups unevenly
+    monkeypatch.setattr(plan, "_CHUNK_BYTES", 20_000)  # chunks cut row groups unevenly
     table = _image_table(2500)
     files = write_parquet_files(table, tmp_path, files=3, row_group_size=300)
     ds = feeders.parquet_dataset(tmp_path, batch_size=128, label="label", shapes={"image": (3, 4)})
@@ -100,7 +100,7 @@ def test_a_refused_page_mid_row_group_continues_with_pyarrow_from_the_next_row(t
     # are decoded in place, the rest of the row group is read by pyarrow from the first row
     # not yet handed out. No row lost or repeated, the null filled.
     caplog.set_level(logging.DEBUG, logger="feeders.parquet")
-    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 200 * 12 * 4)
+    monkeypatch.setattr(plan, "_CHUNK_BYTES", 200 * 12 * 4)
     rows, size = 2000, 12
     values = np.arange(rows * size, dtype=np.float32)
     valid = np.ones(rows * size, dtype=bool)
@@ -132,7 +132,7 @@ def test_a_dense_row_of_another_length_is_the_usual_schema_error(tmp_path):
 
 
 def test_row_group_shards_of_paged_columns_partition_the_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(plan, "_CHUNK_BYTES", 4096)
     table = _image_table(1000, size=3)
     write_parquet_files(table, tmp_path, files=1, row_group_size=90)
     parts = []
@@ -150,7 +150,7 @@ def test_an_epoch_left_early_leaves_no_reading_threads(tmp_path, monkeypatch):
     import gc
     import threading
 
-    monkeypatch.setattr(parquet_mod, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(plan, "_CHUNK_BYTES", 4096)
     write_parquet_files(_image_table(3000), tmp_path, files=6, row_group_size=100)
     ds = feeders.parquet_dataset(tmp_path, batch_size=32, shapes={"image": (12,)})
     it = iter(ds)
@@ -184,13 +184,13 @@ def test_spark_written_array_columns_take_the_page_reader_with_exact_values(spar
     # small pages the rows run across page boundaries.
     caplog.set_level(logging.DEBUG, logger="feeders.parquet")
     paged: list[int] = []
-    real = parquet_mod.iter_page_values
+    real = pages.iter_page_values
 
     def counted(read, layout, size):  # type: ignore[no-untyped-def]
         paged.append(size)
         return real(read, layout, size)
 
-    monkeypatch.setattr(parquet_mod, "iter_page_values", counted)
+    monkeypatch.setattr(pages, "iter_page_values", counted)
     rng = np.random.default_rng(11)
     rows, size = 1500, 20
     image = (rng.integers(0, 300, (rows, size)) / 8).astype(np.float32)  # dictionary-friendly
@@ -221,14 +221,15 @@ def test_a_short_remote_block_is_refused_not_left_uninitialised(tmp_path):
     from formats.parquet_pages import PagesRefused, chunk_layout
 
     write_parquet_files(_image_table(100, size=4), tmp_path)
-    ds_stream = parquet_mod._ChunkStream(
-        parquet_mod.resolve(str(tmp_path)), [], [], pa.schema([]), 64
-    )
+    from formats.fs import resolve
+    from formats.pool import BufferPool
+
+    paged = pages.PagedChunks(resolve(str(tmp_path)), [], [], pa.schema([]), {"image"}, 64, BufferPool())
     meta = pq.ParquetFile(tmp_path / "part-00000.parquet").metadata
     layout = chunk_layout(meta, 0, "image", np.float32)
     short: Future = Future()
     short.set_result(b"\x00" * (layout.length - 16))
-    of = parquet_mod._OpenFile("p", "s3://b/p", None, None, None, threading.Lock())
-    group = parquet_mod._Group(of, 0, 100, None, {"image": layout}, None, {"image": [(0, short)]}, True)
+    of = pages._OpenFile("p", "s3://b/p", None, None, None, threading.Lock())
+    group = pages._Group(of, 0, 100, None, {"image": layout}, None, {"image": [(0, short)]}, True)
     with pytest.raises(PagesRefused, match=r"shorter than its footer says \(bytes \d+\+\)"):
-        ds_stream._reader(group, "image")
+        paged._reader(group, "image")

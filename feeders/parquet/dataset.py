@@ -1,0 +1,103 @@
+"""``parquet_dataset``: the Parquet pull reader's arguments checked and its ``tf.data`` pipeline
+built (the generator source, then ``rebatch`` or a graph ``map`` to ragged tensors, then a
+fixed prefetch)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from feeders.elements import assemble, check_representable, flat_signature, signature, validate_reader_args
+from feeders.generator import generator_dataset
+from feeders.parquet.plan import check_nulls, chunk_rows_for, plan_parquet
+from feeders.parquet.stream import ChunkStream
+from formats.errors import SchemaError
+from formats.schema import column_specs
+
+__all__ = ["parquet_dataset"]
+
+_DEFAULT_PREFETCH = 8
+
+
+def parquet_dataset(
+    path_or_url: str | os.PathLike,
+    *,
+    columns: Sequence[str] | None = None,
+    batch_size: int = 1024,
+    label: str | None = None,
+    shard: Any = None,
+    filesystem: Any = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fill_values: Mapping[str, Any] | None = None,
+    prefetch: int | None = None,
+):
+    """A ``tf.data.Dataset`` of batches read from Parquet files with pyarrow.
+
+    Args:
+        path_or_url: a Parquet file or a directory of them: local path, ``file://``, ``s3://``
+            (endpoint and keys from the AWS variables, or ``filesystem=``) or ``hdfs://``.
+            Files whose names start with ``_`` or ``.`` are skipped.
+        columns: columns to read, in this order (default: all). Only these are decoded.
+        batch_size: rows per batch; every batch has exactly this many rows except the last.
+        label: a column to yield apart: batches become ``(features, label)``.
+        shard: ``None``, ``(index, count)`` or a node ``ctx``: read every ``count``-th file
+            starting at ``index`` (every ``count``-th row group when there are fewer files
+            than shards).
+        filesystem: a ``pyarrow.fs`` (or fsspec) filesystem to read with instead of the one the
+            URL implies.
+        shapes: declared per-row shapes for list columns (dense instead of ragged).
+        fill_values: per-column value for nulls (default: a null is a ``SchemaError``).
+        prefetch: batches to prefetch (default 8; ``tf.data.AUTOTUNE`` turns tf.data's
+            autotuning back on for this dataset).
+
+    Returns:
+        A ``tf.data.Dataset`` of ``dict[str, tf.Tensor | tf.RaggedTensor]`` (or
+        ``(features, label)``). Each iteration reads the shard once, in file order.
+
+    Raises:
+        StorageError: the path does not exist or cannot be read (names the URL and the fix).
+        SchemaError: a missing column, a type TF cannot hold, schemas that differ between
+            files, or a null in a column without a fill value.
+    """
+    import tensorflow as tf
+
+    validate_reader_args(batch_size, label, columns)
+    plan = plan_parquet(path_or_url, columns=columns, shard=shard, filesystem=filesystem)
+    wanted = list(columns) if columns is not None else list(plan.schema.names)
+    if label is not None and label not in wanted:
+        wanted.append(label)
+    if not wanted:
+        raise SchemaError(
+            f"{plan.location.url}: the Parquet files have no columns "
+            f"({plan.location.display(plan.files[0])} and the rest), so there is nothing to read. "
+            f"Rewrite them with at least one column (a DataFrame with no columns writes such files)."
+        )
+    if prefetch is not None and (
+        isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < tf.data.AUTOTUNE
+    ):
+        raise ValueError(
+            f"prefetch must be an int >= 0 or tf.data.AUTOTUNE (-1), got {prefetch!r}."
+        )
+    try:
+        specs = column_specs(plan.schema, columns=wanted, shapes=shapes, fill_values=fill_values)
+    except SchemaError as exc:
+        raise SchemaError(f"{plan.location.url}: {exc}") from exc
+    check_representable(specs)
+    check_nulls(plan.location, plan.files, plan.metadata, specs)
+    dense = not any(s.is_ragged for s in specs)
+    chunk = chunk_rows_for(plan.metadata, wanted, int(batch_size)) if dense else int(batch_size)
+    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label)
+    if dense:
+        sig = signature(plan.schema, wanted, label, shapes)
+        ds = generator_dataset(stream, sig)
+        ds = ds.rebatch(int(batch_size))
+    else:
+        ds = generator_dataset(stream, flat_signature(specs))
+        ds = ds.map(lambda *flat: assemble(flat, specs, label))
+    opts = tf.data.Options()
+    if shard is not None:
+        # Sharded here by file/row group; a distribution strategy must not shard again.
+        opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    depth = _DEFAULT_PREFETCH if prefetch is None else int(prefetch)
+    opts.autotune.enabled = depth == tf.data.AUTOTUNE
+    return ds.with_options(opts).prefetch(depth)

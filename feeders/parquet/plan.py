@@ -1,0 +1,231 @@
+"""What a Parquet pull reader will read: the files listed, their footers read and checked, this
+shard's units (files, or row groups when there are fewer files than shards), and the rows per
+generator chunk.
+
+The footers give the schema every file must share, the row groups for sharding, and null
+counts, so a missing column, a schema that differs between files or a null in a dense column is
+a typed error when the dataset is built, not in the middle of training. :func:`check_file`
+checks a file again when a pass opens it (it may have been rewritten since).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from feeders.shard import normalize_shard, take_shard
+from formats.errors import SchemaError, StorageError
+from formats.fs import Location, list_files, resolve, storage_error
+from formats.schema import ColumnSpec
+
+__all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "check_file", "chunk_rows_for"]
+
+logger = logging.getLogger(__name__)
+
+_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+# Generator chunks: big enough that the per-call cost of the Python source vanishes,
+# small enough to keep memory and first-batch latency low.
+_CHUNK_BYTES = 8 << 20
+_MAX_CHUNK_ROWS = 1 << 20
+
+
+class ParquetPlan:
+    """What one reader will read: resolved files, their common schema and the shard's units.
+
+    Attributes:
+        location: the resolved path/URL.
+        files: every data file, sorted.
+        schema: the Arrow schema every file shares (without pandas/Spark metadata).
+        row_counts: rows per file.
+        units: this shard's ``(file, row_groups or None)`` pairs, in read order.
+    """
+
+    def __init__(
+        self,
+        location: Location,
+        files: list[str],
+        schema: pa.Schema,
+        metadata: list[Any],
+        units: list[tuple[str, list[int] | None]],
+    ) -> None:
+        self.location = location
+        self.files = files
+        self.schema = schema
+        self.metadata = metadata
+        self.row_counts = [m.num_rows for m in metadata]
+        self.units = units
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the whole data set (all shards)."""
+        return int(sum(self.row_counts))
+
+    def shard_rows(self) -> int:
+        """Rows this shard's units hold."""
+        by_file = dict(zip(self.files, self.metadata))
+        total = 0
+        for path, groups in self.units:
+            meta = by_file[path]
+            if groups is None:
+                total += meta.num_rows
+            else:
+                total += sum(meta.row_group(g).num_rows for g in groups)
+        return total
+
+
+def _read_footer(loc: Location, path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    where = loc.display(path)
+    try:
+        with loc.filesystem.open_input_file(path) as f:
+            return pq.ParquetFile(f).metadata
+    except pa.ArrowInvalid as exc:
+        raise StorageError(
+            f"{where} is not a readable Parquet file ({exc}). Remove it from the directory or "
+            f"rewrite it; empty and partially written files are the usual cause."
+        ) from exc
+    except OSError as exc:
+        raise storage_error(exc, "read the Parquet footer of", where) from exc
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without the pandas/Spark metadata, which may differ between files."""
+    return schema.remove_metadata()
+
+
+def _check_same_schema(loc: Location, files: list[str], metas: list[Any], names: Sequence[str]) -> None:
+    first = plain_schema(metas[0].schema.to_arrow_schema())
+    for path, meta in zip(files[1:], metas[1:]):
+        other = plain_schema(meta.schema.to_arrow_schema())
+        for name in names:
+            i, j = first.get_field_index(name), other.get_field_index(name)
+            if j < 0:
+                raise SchemaError(
+                    f"column {name!r} is in {loc.display(files[0])} but missing from "
+                    f"{loc.display(path)}; every file of a data set must have the same columns. "
+                    f"Rewrite the odd file or select columns present in all files (columns=...)."
+                )
+            if not first.field(i).type.equals(other.field(j).type):
+                raise SchemaError(
+                    f"column {name!r} has type {first.field(i).type} in "
+                    f"{loc.display(files[0])} but {other.field(j).type} in {loc.display(path)}; "
+                    f"every file of a data set must share one schema. Rewrite the files with "
+                    f"one schema (cast the column)."
+                )
+
+
+def check_nulls(loc: Location, files: list[str], metas: list[Any], specs: Sequence[ColumnSpec]) -> None:
+    """A null in a scalar column without a fill value is an error; find it from the footers."""
+    wanted = {s.name for s in specs if not s.shape and s.fill is None}
+    if not wanted:
+        return
+    for path, meta in zip(files, metas):
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                name = col.path_in_schema
+                if name not in wanted or not col.is_stats_set:
+                    continue
+                stats = col.statistics
+                if stats is not None and stats.has_null_count and stats.null_count:
+                    raise SchemaError(
+                        f"column {name!r} has {stats.null_count} null value(s) in row group {g} "
+                        f"of {loc.display(path)}; TensorFlow tensors cannot hold nulls. Pass "
+                        f"fill_values={{{name!r}: 0}} or filter/impute the nulls when writing."
+                    )
+
+
+def plan_parquet(
+    path_or_url: str | os.PathLike,
+    *,
+    columns: Sequence[str] | None = None,
+    shard: Any = None,
+    filesystem: Any = None,
+) -> ParquetPlan:
+    """List the files, read and check their footers, and choose this shard's units.
+
+    Raises:
+        StorageError: the path does not exist, cannot be read, or a file is not Parquet.
+        SchemaError: the files' schemas differ in a selected column.
+        ValueError: a malformed ``shard``.
+    """
+    shard_t = normalize_shard(shard)
+    loc = resolve(path_or_url, filesystem=filesystem)
+    files = list_files(loc)
+    parquet_files = [f for f in files if f.endswith(_PARQUET_SUFFIXES)]
+    if parquet_files:
+        files = parquet_files
+    if len(files) == 1:
+        metas = [_read_footer(loc, files[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+            metas = list(pool.map(lambda p: _read_footer(loc, p), files))
+    schema = plain_schema(metas[0].schema.to_arrow_schema())
+    names = list(columns) if columns is not None else list(schema.names)
+    _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
+
+    units: list[tuple[str, list[int] | None]]
+    if shard_t is None:
+        units = [(f, None) for f in files]
+    elif len(files) >= shard_t[1]:
+        units = [(f, None) for f in take_shard(files, shard_t)]
+    else:
+        groups = [(f, [g]) for f, m in zip(files, metas) for g in range(m.num_row_groups)]
+        if len(groups) < shard_t[1]:
+            logger.warning(
+                "%s has %d file(s) and %d row group(s) for %d shards: shard %d may be empty. "
+                "Write more files or smaller row groups.",
+                loc.url, len(files), len(groups), shard_t[1], shard_t[0],
+            )
+        units = take_shard(groups, shard_t)
+    return ParquetPlan(loc, files, schema, metas, units)
+
+
+def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:
+    """A file must still have the planned columns and types (it may have been rewritten).
+
+    Args:
+        loc: the data set's location.
+        path: the file, on ``loc.filesystem``.
+        physical: the file's schema as read now.
+        schema: the planned schema (:attr:`ParquetPlan.schema`).
+        names: the columns read.
+
+    Raises:
+        SchemaError: a column is gone or has another type (names the file; the fix is to build
+            the dataset again).
+    """
+    got = plain_schema(physical)
+    for name in names:
+        j = got.get_field_index(name)
+        want = schema.field(name).type
+        if j < 0 or not got.field(j).type.equals(want):
+            seen = got.field(j).type if j >= 0 else "no such column"
+            raise SchemaError(
+                f"{loc.display(path)}: column {name!r} is {seen}, but the data set was "
+                f"planned with {want}; the file changed after the dataset was built. Build "
+                f"the dataset again."
+            )
+
+
+def chunk_rows_for(metadata: Sequence[Any], names: Sequence[str], batch_size: int) -> int:
+    """Rows per generator chunk: a multiple of ``batch_size`` holding about ``_CHUNK_BYTES``."""
+    wanted = set(names)
+    nbytes = rows = 0
+    for meta in metadata[:8]:
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            rows += rg.num_rows
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.path_in_schema.split(".")[0] in wanted:
+                    nbytes += col.total_uncompressed_size
+    row_bytes = max(1.0, nbytes / rows) if rows else 64.0
+    per_chunk = int(_CHUNK_BYTES / row_bytes) // batch_size
+    return batch_size * max(1, min(per_chunk, _MAX_CHUNK_ROWS // batch_size))

@@ -1,0 +1,111 @@
+"""Arrow's own decoding of a shard's units: a threaded ``pyarrow.dataset`` scan with read-ahead,
+its batches re-cut to an exact size, and Arrow batches converted to numpy."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+
+from feeders.parquet.plan import check_file
+from formats.errors import SchemaError, StorageError
+from formats.fs import Location, storage_error
+from formats.schema import ColumnSpec, to_numpy
+
+__all__ = ["scan_batches", "exact_batches", "to_arrays"]
+
+# Scan read-ahead: files decoded ahead of the consumer, and chunks buffered per file. Memory
+# stays within a few row groups plus (batch read-ahead x chunk size).
+_FRAGMENT_READAHEAD = 2
+_BATCH_READAHEAD = 2
+
+
+def scan_batches(
+    loc: Location,
+    units: Sequence[tuple[str, list[int] | None]],
+    schema: pa.Schema,
+    names: list[str],
+    chunk_rows: int,
+) -> Iterator[pa.RecordBatch]:
+    """The units' record batches of (up to) ``chunk_rows`` rows of ``names``, in unit order.
+
+    A ``pyarrow.dataset`` scan over the units: row groups are decoded by Arrow's own threads,
+    :data:`_FRAGMENT_READAHEAD` files ahead of the consumer, with the GIL released, so decoding
+    overlaps with TensorFlow on another core. Batches arrive in unit order (``scan_batches``
+    keeps it). Each file is checked against the planned ``schema`` as it arrives
+    (:func:`~feeders.parquet.plan.check_file`).
+    """
+    import pyarrow.dataset as pds
+
+    remote = loc.scheme != "file"
+    fmt = pds.ParquetFileFormat(
+        default_fragment_scan_options=pds.ParquetFragmentScanOptions(pre_buffer=remote)
+    )
+    fs = loc.filesystem
+    frags = []
+    for path, groups in units:
+        try:
+            frags.append(fmt.make_fragment(path, filesystem=fs, row_groups=groups))
+        except OSError as exc:
+            raise storage_error(exc, "open", loc.display(path)) from exc
+    dataset = pds.FileSystemDataset(frags, schema=schema, format=fmt, filesystem=fs)
+    scanner = dataset.scanner(
+        columns=names,
+        batch_size=chunk_rows,
+        batch_readahead=_BATCH_READAHEAD,
+        fragment_readahead=_FRAGMENT_READAHEAD,
+        use_threads=True,
+    )
+    checked: set[str] = set()
+    tagged = iter(scanner.scan_batches())
+    while True:
+        try:
+            item = next(tagged)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowInvalid) as exc:
+            # The scanner reads files ahead and does not say which one failed.
+            files = sorted({p for p, _ in units})
+            where = loc.display(files[0]) if len(files) == 1 else (
+                f"{loc.url} (one of its {len(files)} files)")
+            err = storage_error(exc, "read the Parquet data of", where)
+            if isinstance(exc, pa.ArrowInvalid) or "orrupt" in str(exc):
+                err = StorageError(
+                    f"{err} A file whose footer reads but whose pages do not is damaged (or "
+                    f"was changed while being read); rewrite it."
+                )
+            raise err from exc
+        path = item.fragment.path
+        if path not in checked:
+            check_file(loc, path, item.fragment.physical_schema, schema, names)
+            checked.add(path)
+        if item.record_batch.num_rows:
+            yield item.record_batch
+
+
+def exact_batches(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch | pa.Table]:
+    """``batches`` re-cut to exactly ``size`` rows across files (the last may be short)."""
+    pending: list[pa.RecordBatch] = []
+    have = 0
+    for b in batches:
+        if have == 0 and b.num_rows == size:
+            yield b
+            continue
+        pending.append(b)
+        have += b.num_rows
+        while have >= size:
+            table = pa.Table.from_batches(pending)
+            yield table.slice(0, size)
+            have -= size
+            pending = table.slice(size).to_batches() if have else []
+    if have:
+        yield pa.Table.from_batches(pending)
+
+
+def to_arrays(loc: Location, batch: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> dict[str, Any]:
+    """The columns of ``specs`` as numpy arrays (:func:`formats.schema.to_numpy`); errors name
+    the data set."""
+    try:
+        return to_numpy(batch, specs)
+    except SchemaError as exc:
+        raise SchemaError(f"reading {loc.url}: {exc}") from exc
