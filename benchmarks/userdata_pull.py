@@ -284,7 +284,7 @@ def _read_record_bytes(d: Any) -> Callable[[], int]:
     With ``--limit`` each file is read up to the same share of its bytes as the limit is of
     the rows (the records' sizes are not known before framing them).
     """
-    from feeders.tfrecord import _open_raw
+    from feeders.tfrecord.files import open_raw
 
     share = d.rows / d.total_rows if d.total_rows else 1.0
     buf = memoryview(bytearray(_READ_BLOCK))  # local files: read into it, as ours' framer does
@@ -293,7 +293,7 @@ def _read_record_bytes(d: Any) -> Callable[[], int]:
         for path in d.plan.files:
             size = d.location.filesystem.get_file_info(path).size
             want = size if share >= 1 else int(size * share) + 1
-            raw = _open_raw(d.location, path, d.plan.compression)
+            raw = open_raw(d.location, path, d.plan.compression)
             readinto = getattr(raw, "readinto", None) if d.location.scheme == "file" else None
             try:
                 got = 0
@@ -311,17 +311,17 @@ def _read_record_bytes(d: Any) -> Callable[[], int]:
 
 def _record_stream(d: Any) -> tuple[Any, Callable[[Any], int]]:
     """Stage ``decode``: ours' framing (and in-place decoding where it applies), no TensorFlow."""
-    from feeders.tfrecord import _layout_holds, _RecordBatches
+    from feeders.tfrecord.stream import RecordBatches, layout_holds
     from formats.example_layout import layout_columns
 
     specs = d.specs
     dense = not any(s.is_ragged for s in specs)
     layout = layout_columns(specs) if dense else None
     files = d.plan.files
-    if layout is not None and files and not _layout_holds(d.location, files[0], d.plan.compression, layout):
+    if layout is not None and files and not layout_holds(d.location, files[0], d.plan.compression, layout):
         layout = None
-    stream = _RecordBatches(d.location, files, d.plan.compression, d.spec.batch_size, None,
-                            chunked=dense, layout=layout)
+    stream = RecordBatches(d.location, files, d.plan.compression, d.spec.batch_size, None,
+                           chunked=dense, layout=layout)
 
     def count(item: Any) -> int:
         if isinstance(item, tuple):

@@ -75,7 +75,7 @@ def test_corrupt_crc_in_the_local_pipeline_names_the_file_and_offset(records, tm
 
     # Only the first records are checked when the dataset is built (a bad one among them
     # fails the call, see the catalogue); this bad record lies past them.
-    monkeypatch.setattr("feeders.tfrecord._CHECK_RECORDS", 8)
+    monkeypatch.setattr("feeders.tfrecord.plan._CHECK_RECORDS", 8)
     good, _, schema = records
     bad_file, offset = _corrupt(records, tmp_path)
     # The damaged file comes second, after a good one, so the error must say which file.
@@ -99,7 +99,7 @@ def test_corrupt_crc_in_the_local_pipeline_names_the_file_and_offset(records, tm
 def test_corrupt_crc_from_s3_names_the_object_and_offset(records, tmp_path, s3_env, monkeypatch):
     import tensorflow as tf
 
-    monkeypatch.setattr("feeders.tfrecord._CHECK_RECORDS", 2)  # the bad record lies past them
+    monkeypatch.setattr("feeders.tfrecord.plan._CHECK_RECORDS", 2)  # the bad record lies past them
     bad_file, offset = _corrupt(records, tmp_path)
     bucket = s3_env.make_bucket()
     url = s3_env.upload_dir(bad_file.parent, bucket, "corrupt")
@@ -121,7 +121,7 @@ def test_truncated_record_is_found_while_sampling(records, tmp_path):
 def test_truncated_record_in_the_local_pipeline(records, tmp_path, monkeypatch):
     import tensorflow as tf
 
-    monkeypatch.setattr("feeders.tfrecord._CHECK_RECORDS", 8)  # the bad record lies past them
+    monkeypatch.setattr("feeders.tfrecord.plan._CHECK_RECORDS", 8)  # the bad record lies past them
     bad_file, offset = _truncate(records, tmp_path)
     ds = feeders.tfrecord_dataset(bad_file.parent, schema=records[2], batch_size=8)
     with pytest.raises(

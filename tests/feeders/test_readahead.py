@@ -11,7 +11,7 @@ from dataplane.errors import RecordError, StorageError
 from feeders import readahead
 from feeders.fs import resolve
 from feeders.readahead import OpenAhead, ReadAheadStream
-from feeders.tfrecord import _open_record_batches
+from feeders.tfrecord.files import open_record_batches
 from formats.tfrecord import iter_record_batches, write_records
 
 DATA = bytes(range(256)) * 1000 + b"tail"  # 256,004 bytes: blocks never divide it evenly
@@ -140,7 +140,7 @@ def test_an_s3_object_removed_while_read_is_a_storage_error_naming_it(tmp_path, 
     path = f"{bucket}/vanishing/part-0.tfrecord"
     monkeypatch.setattr(readahead, "BLOCK_BYTES", 16 * 1024)
     monkeypatch.setattr(readahead, "MAX_DEPTH", 2)
-    batches = _open_record_batches(loc, path, None, batch_records=10)
+    batches = open_record_batches(loc, path, None, batch_records=10)
     first = next(batches)
     assert first == [bytes([i]) * 1000 for i in range(10)]
     s3_env.filesystem().delete_file(path)
@@ -251,10 +251,10 @@ def test_an_abandoned_s3_pass_leaves_no_reader_threads(tmp_path, s3_env):
             write_records(f, [bytes([i]) * 500] * 50)
     bucket = s3_env.make_bucket()
     url = s3_env.upload_dir(local, bucket, "abandoned")
-    from feeders.tfrecord import _RecordBatches  # the records are raw bytes: read them framed
+    from feeders.tfrecord.stream import RecordBatches  # the records are raw bytes: read them framed
 
-    passes = _RecordBatches(resolve(url), [f"{bucket}/abandoned/part-{i}.tfrecord" for i in range(3)],
-                            None, 10, None)
+    passes = RecordBatches(resolve(url), [f"{bucket}/abandoned/part-{i}.tfrecord" for i in range(3)],
+                           None, 10, None)
     it = passes()
     first = next(it)
     assert list(first) == [bytes([0]) * 500] * 10

@@ -13,7 +13,7 @@ import pytest
 
 import feeders
 from dataplane.errors import RecordError
-from feeders import tfrecord as reader
+from feeders.tfrecord import stream as reader
 from tests.builders import mnist_like_table, numeric_table, row_checksum, write_tfrecord_files
 
 
@@ -42,7 +42,7 @@ def test_chunks_of_many_batches_are_recut_exactly(three_files, monkeypatch):
     per_record = sum(f.stat().st_size for f in root.iterdir()) / 300  # framing included
     monkeypatch.setattr(reader, "_CHUNK_BYTES", int(4.5 * 12 * per_record))
     seen: list[int] = []
-    original = reader._RecordBatches.__call__
+    original = reader.RecordBatches.__call__
 
     def spy(self):
         assert self.layout is None  # ids cross 128 and i0 varies: records of many layouts
@@ -50,7 +50,7 @@ def test_chunks_of_many_batches_are_recut_exactly(three_files, monkeypatch):
             seen.append(len(chunk))
             yield chunk
 
-    monkeypatch.setattr(reader._RecordBatches, "__call__", spy)
+    monkeypatch.setattr(reader.RecordBatches, "__call__", spy)
     batches = list(feeders.tfrecord_dataset(root, schema=table.schema, batch_size=12))
     assert seen[:-1] == [48] * (len(seen) - 1) and seen[-1] == 300 - 48 * (len(seen) - 1)
     assert [int(b["id"].shape[0]) for b in batches] == [12] * 25
@@ -119,14 +119,14 @@ def _tf_parsed(files, batch_size):
 def _spy_decodes(monkeypatch) -> list[str]:
     """Record, per chunk, whether it came decoded in place or as serialized records."""
     seen: list[str] = []
-    original = reader._RecordBatches._decode
+    original = reader.RecordBatches._decode
 
     def spy(self, *args):
         serialized, decoded = original(self, *args)
         seen.append("parsed" if len(serialized) else "decoded")
         return serialized, decoded
 
-    monkeypatch.setattr(reader._RecordBatches, "_decode", spy)
+    monkeypatch.setattr(reader.RecordBatches, "_decode", spy)
     return seen
 
 
@@ -150,13 +150,13 @@ def test_the_pipeline_decodes_in_place_only_when_the_first_records_allow_it(
     three_files, mnist_files, tmp_path, monkeypatch
 ):
     layouts = []
-    original = reader._RecordBatches.__init__
+    original = reader.RecordBatches.__init__
 
     def spy(self, *args, **kwargs):
         original(self, *args, **kwargs)
         layouts.append(self.layout)
 
-    monkeypatch.setattr(reader._RecordBatches, "__init__", spy)
+    monkeypatch.setattr(reader.RecordBatches, "__init__", spy)
     feeders.tfrecord_dataset(mnist_files[0], schema=MNIST_SCHEMA, batch_size=8)
     assert layouts[-1] == {"id": ("int64", ()), "image": ("float", (784,)), "label": ("int64", ())}
     # Narrow rows whose varints vary in length: no layout holds, chunks are plain records.

@@ -1,0 +1,162 @@
+"""``tfrecord_dataset``: the TFRecord pull reader's arguments checked and its ``tf.data``
+pipeline built (the generator source, a parallel graph ``map`` that parses or takes the decoded
+chunk, ``rebatch`` when dense, then a fixed prefetch)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from feeders.elements import validate_reader_args
+from feeders.generator import generator_dataset
+from feeders.shard import normalize_shard, take_shard
+from feeders.tfrecord.plan import check_records, plan_tfrecord, select_columns
+from feeders.tfrecord.stream import RecordBatches, layout_holds
+from formats.example_layout import VALUE_DTYPES, layout_columns
+from formats.schema import ColumnSpec
+from formats.tfrecord import normalize_compression
+
+__all__ = ["tfrecord_dataset"]
+
+_PREFETCH = 8  # parsed batches kept ready
+
+
+def _parser(specs: Sequence[ColumnSpec], label: str | None):
+    """Graph functions for the chunks: ``parse(serialized)`` and ``parse_or_take(serialized,
+    decoded)``, each giving a dict of tensors (or ``(features, label)``) in the columns' dtypes.
+
+    ``parse_or_take`` takes chunks from the layout decoder: ``decoded`` holds the values when
+    the chunk's records were decoded in Python, else ``serialized`` holds the records and they
+    are parsed here (exactly one of the two is non-empty).
+    """
+    import tensorflow as tf
+
+    from formats.example import parse_features
+
+    features = parse_features(specs)
+    targets = {s.name: tf.string if s.dtype == "string" else tf.as_dtype(s.dtype) for s in specs}
+
+    def finish(parsed):
+        out = {}
+        for s in specs:
+            t = parsed[s.name]
+            if t.dtype != targets[s.name]:
+                t = tf.cast(t, targets[s.name])
+            out[s.name] = t
+        if label is None:
+            return out
+        y = out.pop(label)
+        return out, y
+
+    def parse(serialized):
+        return finish(tf.io.parse_example(serialized, features))
+
+    def parse_or_take(serialized, decoded):
+        return finish(
+            tf.cond(
+                tf.size(serialized) > 0,
+                lambda: tf.io.parse_example(serialized, features),
+                lambda: decoded,
+            )
+        )
+
+    return parse, parse_or_take
+
+
+def _parse_calls() -> int:
+    """Chunks parsed at once: one per core, at least 2 (so reading overlaps parsing), at most 8."""
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+def tfrecord_dataset(
+    path_or_url: str | os.PathLike,
+    *,
+    schema: Any = None,
+    batch_size: int = 1024,
+    label: str | None = None,
+    shard: Any = None,
+    compression: str | None = None,
+    columns: Sequence[str] | None = None,
+    fill_values: Mapping[str, Any] | None = None,
+    filesystem: Any = None,
+    sample: int = 1000,
+):
+    """A ``tf.data.Dataset`` of batches parsed from ``tf.train.Example`` TFRecord files.
+
+    Args:
+        path_or_url: a TFRecord file or a directory of them (local, ``file://``, ``s3://``,
+            ``hdfs://``). Names starting with ``_`` or ``.``, and ``.json``/``.crc`` files,
+            are skipped.
+        schema: the columns: a ``pyarrow.Schema``, a list of ``formats.ColumnSpec`` or a
+            ``TFRecordSchema``. Default: the ``_tf_schema.json`` beside the data, else
+            inferred from the first ``sample`` records.
+        batch_size: records per batch (the last batch may be short).
+        label: a column to yield apart: batches become ``(features, label)``.
+        shard: ``None``, ``(index, count)`` or a node ``ctx``: every ``count``-th file from
+            ``index``; with fewer files than shards, every ``count``-th record instead.
+        compression: ``"GZIP"``, ``"ZLIB"`` or ``None``. ``None`` means: what the schema file
+            says, else by file suffix (``.gz``, ``.zlib``), else uncompressed.
+        columns: columns to yield, in this order (default: all).
+        fill_values: per-column value for records where the feature is absent (a null when
+            written); by default an absent dense feature is a parse error.
+        filesystem: a ``pyarrow.fs`` filesystem to read with instead of the URL's.
+        sample: records to look at when inferring the schema.
+
+    Returns:
+        A ``tf.data.Dataset`` of ``dict[str, tf.Tensor | tf.RaggedTensor]`` or
+        ``(features, label)``, typed as the schema's columns.
+
+    Raises:
+        StorageError: the path does not exist or cannot be read.
+        SchemaError: a missing column, or no schema and nothing to infer one from.
+        RecordError: a sampled record is corrupt or truncated.
+    """
+    import tensorflow as tf
+
+    validate_reader_args(batch_size, label, columns)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ValueError(f"sample must be an int >= 1 (records to infer the schema from), got {sample!r}.")
+    shard_t = normalize_shard(shard)
+    normalize_compression(compression)
+    plan = plan_tfrecord(
+        path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
+    )
+    specs = select_columns(plan.specs, columns, label, fill_values, plan.location.url)
+    check_records(plan.location, plan.files, plan.compression, specs)
+    parse, parse_or_take = _parser(specs, label)
+    files, record_shard = plan.files, None
+    if shard_t is not None:
+        if len(files) >= shard_t[1]:
+            files = take_shard(files, shard_t)
+        else:
+            record_shard = shard_t
+    dense = not any(s.is_ragged for s in specs)
+    layout = layout_columns(specs) if dense else None
+    if layout is not None and files and not layout_holds(
+        plan.location, files[0], plan.compression, layout
+    ):
+        layout = None
+    stream = RecordBatches(
+        plan.location, files, plan.compression, int(batch_size), record_shard, chunked=dense,
+        layout=layout,
+    )
+    if layout is None:
+        chunks = generator_dataset(stream, tf.TensorSpec((None,), tf.string))
+        ds = chunks.map(parse, num_parallel_calls=_parse_calls())
+    else:
+        decoded = {
+            name: tf.TensorSpec((None, *shape), tf.as_dtype(VALUE_DTYPES[kind]))
+            for name, (kind, shape) in layout.items()
+        }
+        chunks = generator_dataset(stream, (tf.TensorSpec((None,), tf.string), decoded))
+        ds = chunks.map(parse_or_take, num_parallel_calls=_parse_calls())
+    if dense:  # rebatch of ragged tensors is slow; those chunks are exact batches already
+        ds = ds.rebatch(int(batch_size))
+    opts = tf.data.Options()
+    # Fixed parallelism and prefetch instead of autotuning: with it on, epochs took either
+    # 0.32 s or 0.64 s at random (200k narrow rows, 2 cores); off, 0.31-0.34 s every time.
+    opts.autotune.enabled = False
+    if shard_t is not None:
+        # Already sharded here; a distribution strategy must not shard again.
+        opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(opts).prefetch(_PREFETCH)
