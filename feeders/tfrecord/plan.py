@@ -128,6 +128,14 @@ def select_columns(
     fill_values: Mapping[str, Any] | None,
     where: str,
 ) -> list[ColumnSpec]:
+    """The specs to read: ``columns`` (default: all) and then ``label`` if not among them,
+    each with its fill value from ``fill_values``.
+
+    Raises:
+        SchemaError: a column or fill value names no column of ``specs``, a fill value does not
+            fit its column's type, or there is nothing to read.
+        ValueError: ``fill_values`` is not a mapping.
+    """
     by_name = {s.name: s for s in specs}
     fills = mapping_arg("fill_values", fill_values)
     wanted = list(columns) if columns is not None else [s.name for s in specs]
@@ -156,7 +164,7 @@ _CHECK_RECORDS = 256
 
 
 def check_records(loc: Location, files: Sequence[str], compression: str | None,
-                   specs: Sequence[ColumnSpec], n: int | None = None) -> None:
+                  specs: Sequence[ColumnSpec], n: int | None = None) -> None:
     """Decode the first ``n`` records with ``specs``, so that a schema the records do not fit
     fails the call that was given it (naming the file, record, column and the fix) instead of
     the first ``next()`` deep inside TensorFlow: a dense or scalar column absent from a record
