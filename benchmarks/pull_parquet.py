@@ -17,7 +17,7 @@ batch, and returns the rows it saw.
   all: the most Arrow's own decoding delivers on this machine. On 2 cores it is up to twice
   ``pyarrow-raw``; for the numeric table ``ours / pyarrow-scan`` is what TensorFlow's side
   costs. For ``mnist`` it is no ceiling for ours, which reads the image column's pages itself
-  (``formats/parquet_pages.py``) instead of decoding its list levels with Arrow.
+  (``formats/parquet_pages/``) instead of decoding its list levels with Arrow.
 * ``petastorm`` (peer, compat stack only): Petastorm's documented pipeline for plain Parquet:
   ``make_batch_reader`` + ``make_petastorm_dataset`` + ``unbatch().batch(batch_size)``, a new
   reader per repetition (a Petastorm reader is single-pass with ``num_epochs=1``).
