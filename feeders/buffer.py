@@ -25,63 +25,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from feeders.cache import EpochCache
+from feeders.epoch import ConsumerFinished, EpochClosed, EpochInfo, FeedStopped, NodeEpoch
 from formats.errors import FeedError, SchemaError
 from formats.schema import same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
-
-
-class FeedStopped(Exception):
-    """The node is shutting down; producers and consumers give up."""
-
-
-class ConsumerFinished(Exception):
-    """The node's ``main`` has returned (or serves inference): it will consume no more data."""
-
-
-class EpochClosed(Exception):
-    """The node's pass over this epoch has ended; the rest of the epoch is not wanted."""
-
-
-@dataclass
-class EpochInfo:
-    """What the driver announced for one epoch (``begin_epoch``).
-
-    ``split``: which dataset reads it (``ctx.dataset(split=...)``). ``shuffle`` / ``seed``: the
-    rows come out in a seeded random order. ``record``: keep the rows in the node's cache under
-    this id. ``replay``: the epoch's rows come from that cache, not from Spark.
-    """
-
-    epoch: int
-    schema: pa.Schema
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    split: str = "train"
-    shuffle: bool = False
-    seed: int | None = None
-    record: str | None = None
-    replay: str | None = None
-
-
-@dataclass
-class _Epoch:
-    info: EpochInfo
-    queue: deque = field(default_factory=deque)
-    queued_bytes: int = 0
-    accepted: dict[int, int] = field(default_factory=dict)  # partition -> rows accepted
-    seen: dict[int, int] = field(default_factory=dict)  # partition -> rows its task had split
-    rows_in: int = 0
-    limit: int | None = None  # rows every worker yields this epoch (set by the driver)
-    emitted: int = 0  # rows handed to TensorFlow
-    closed: bool = False  # the consumer's pass has ended
-    complete: bool = False  # ... by reaching the limit
-    feeding: bool = False  # rows are still being replayed from the cache
-    cache: EpochCache | None = None  # recording into it
 
 
 class FeedBuffer:
@@ -99,11 +52,13 @@ class FeedBuffer:
         self._null_rules: dict[str, tuple[frozenset, frozenset]] = {}
         self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
         self._cond = threading.Condition()
-        self._epochs: dict[int, _Epoch] = {}
+        self._epochs: dict[int, NodeEpoch] = {}
         self._bytes = 0
         self._stopped = False
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
+        self._stalled = 0  # producers waiting on a full buffer right now
+        self._stall_mark = 0.0
         self.metrics: dict[str, Any] = {
             "rows_in": 0,
             "bytes_in": 0,
@@ -131,7 +86,7 @@ class FeedBuffer:
         with self._cond:
             if info.epoch in self._epochs:  # idempotent: the driver may retry the action
                 return {}
-            ep = _Epoch(info)
+            ep = NodeEpoch(info)
             if self._consumer_done:
                 ep.closed = True
             if info.record is not None:
@@ -183,7 +138,7 @@ class FeedBuffer:
                             break
                     self._cond.wait(0.2)
             try:
-                for batch in cache.batches(shuffle=ep.info.shuffle, seed=_seed(ep.info)):
+                for batch in cache.batches(shuffle=ep.info.shuffle, seed=ep.info.shuffle_seed()):
                     nbytes = batch.nbytes
                     with self._cond:
                         while not (self._stopped or ep.closed):
@@ -200,7 +155,7 @@ class FeedBuffer:
                     ep.feeding = False
                     self._cond.notify_all()
 
-    def _queue(self, ep: _Epoch, batch: pa.RecordBatch, nbytes: int) -> None:
+    def _queue(self, ep: NodeEpoch, batch: pa.RecordBatch, nbytes: int) -> None:
         ep.queue.append(batch)
         ep.queued_bytes += nbytes
         ep.rows_in += batch.num_rows
@@ -220,7 +175,7 @@ class FeedBuffer:
         with self._cond:
             self._null_rules[split] = (frozenset(columns), frozenset(filled))
 
-    def _check_nulls(self, ep: _Epoch, partition: int, batch: pa.RecordBatch) -> None:
+    def _check_nulls(self, ep: NodeEpoch, partition: int, batch: pa.RecordBatch) -> None:
         rule = self._null_rules.get(ep.info.split)
         if rule is None:
             return
@@ -254,42 +209,36 @@ class FeedBuffer:
         self.metrics["cache_memory_bytes"] = sum(c.memory_used for c in caches)
         self.metrics["cache_spilled_bytes"] = sum(c.spilled_bytes for c in caches)
 
+    def _await(self, ready: Callable[[], bool], timeout: float | None, *, idle: bool) -> bool:
+        """Wait (holding ``_cond``) until ``ready()``; False if the node stopped or ``timeout``
+        passed first. ``idle``: the caller is a consumer waiting for the driver's next move
+        (counted in ``idle_waiters``, which tells the driver main is safe to stop)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.idle_waiters += idle
+        try:
+            while not ready():
+                left = None if deadline is None else deadline - time.monotonic()
+                if self._stopped or (left is not None and left <= 0):
+                    return False
+                self._cond.wait(0.5 if left is None else min(left, 0.5))
+            return True
+        finally:
+            self.idle_waiters -= idle
+
     def claim_epoch(self, split: str = "train", timeout: float | None = None) -> int | None:
         """The epoch the next pass over ``split`` reads: the oldest announced one no pass has
         claimed. Waits for the driver to announce one; ``None`` if the node stops first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self.idle_waiters += 1
-            try:
-                while True:
-                    q = self._announced.get(split)
-                    if q:
-                        return q.popleft()
-                    if self._stopped:
-                        return None
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return None
-                    self._cond.wait(0.5)
-            finally:
-                self.idle_waiters -= 1
+            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True):
+                return None
+            return self._announced[split].popleft()
 
     def peek_epoch(self, split: str = "train", timeout: float | None = None) -> EpochInfo | None:
         """The info of the epoch the next pass over ``split`` would claim (waits for one)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self.idle_waiters += 1
-            try:
-                while True:
-                    q = self._announced.get(split)
-                    if q:
-                        return self._epochs[q[0]].info
-                    if self._stopped:
-                        return None
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return None
-                    self._cond.wait(0.5)
-            finally:
-                self.idle_waiters -= 1
+            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True):
+                return None
+            return self._epochs[self._announced[split][0]].info
 
     def skip_announced(self, split: str = "train") -> list[int]:
         """Close every announced epoch of ``split`` that no pass has claimed yet.
@@ -329,16 +278,12 @@ class FeedBuffer:
     def wait_closed(self, epoch: int, timeout: float) -> None:
         """Block until ``epoch``'s pass has ended (or the consumer finished, or the node
         stops), at most ``timeout`` seconds: the driver's long poll at the end of ``train``."""
-        deadline = time.monotonic() + timeout
+        def ended() -> bool:
+            ep = self._epochs.get(epoch)
+            return self._consumer_done or (ep is not None and ep.closed)
+
         with self._cond:
-            while True:
-                ep = self._epochs.get(epoch)
-                if self._stopped or self._consumer_done or (ep is not None and ep.closed):
-                    return
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(min(left, 0.5))
+            self._await(ended, timeout, idle=False)
 
     def epoch_state(self, epoch: int) -> dict[str, Any]:
         """rows received, emitted, closed, complete (see ``feeders.protocol.EpochState``)."""
@@ -424,10 +369,11 @@ class FeedBuffer:
                     self._check_open(ep)
                     if ep.closed or self._bytes == 0 or self._bytes + nbytes <= self.capacity:
                         break
-                    # only time spent waiting on a full buffer counts, as it passes
-                    waited = time.monotonic()
-                    self._cond.wait(0.2)
-                    self.metrics["stall_seconds"] += time.monotonic() - waited
+                    self._stall(+1)
+                    try:
+                        self._cond.wait(0.2)
+                    finally:
+                        self._stall(-1)
                 done = ep.accepted.get(partition, 0)
                 start, end = offset, offset + n
                 offset = end
@@ -450,7 +396,16 @@ class FeedBuffer:
             self._check_open(ep)
         return accepted
 
-    def _check_open(self, ep: _Epoch) -> None:
+    def _stall(self, change: int) -> None:
+        """Count producers waiting on a full buffer; ``stall_seconds`` is the wall time during
+        which at least one waited (not the sum over producers waiting at the same time)."""
+        now = time.monotonic()
+        if self._stalled:
+            self.metrics["stall_seconds"] += now - self._stall_mark
+        self._stall_mark = now
+        self._stalled += change
+
+    def _check_open(self, ep: NodeEpoch) -> None:
         if self._stopped:
             raise FeedStopped("the node is shutting down")
         if ep.cache is not None and not ep.cache.sealed and not self._consumer_done:
@@ -463,19 +418,10 @@ class FeedBuffer:
     # -- consumer side (tf.data generator) -----------------------------------------------------
     def wait_epoch_info(self, epoch: int, timeout: float | None = None) -> EpochInfo | None:
         """The announced info of ``epoch``; ``None`` if the node stopped first (or timeout)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self.idle_waiters += 1
-            try:
-                while epoch not in self._epochs:
-                    if self._stopped:
-                        return None
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return None
-                    self._cond.wait(0.5)
-                return self._epochs[epoch].info
-            finally:
-                self.idle_waiters -= 1
+            if not self._await(lambda: epoch in self._epochs, timeout, idle=True):
+                return None
+            return self._epochs[epoch].info
 
     def take(self, epoch: int, num_workers: int = 1) -> tuple[list[pa.RecordBatch], int, int | None]:
         """Block until there is data or news for ``epoch``; take every queued batch.
@@ -527,7 +473,7 @@ class FeedBuffer:
             self.metrics["epochs_consumed"] += 1
             self._cond.notify_all()
 
-    def _close(self, ep: _Epoch) -> None:
+    def _close(self, ep: NodeEpoch) -> None:
         if ep.closed:
             return
         ep.closed = True
@@ -539,8 +485,3 @@ class FeedBuffer:
     def snapshot(self) -> dict[str, Any]:
         with self._cond:
             return dict(self.metrics)
-
-
-def _seed(info: EpochInfo) -> list[int]:
-    """The seed of one epoch's shuffles: the user's seed and the epoch id."""
-    return [info.seed if info.seed is not None else 0, info.epoch]

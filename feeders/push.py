@@ -324,6 +324,6 @@ def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id) -> pa.R
             )
         cols.append(reply.column(idx))
     arrays = []
-    for col, field in zip(cols, out_schema):
-        arrays.append(col if col.type == field.type else col.cast(field.type))
+    for col, want in zip(cols, out_schema):
+        arrays.append(col if col.type == want.type else col.cast(want.type))
     return pa.RecordBatch.from_arrays(arrays, schema=out_schema)

@@ -79,7 +79,7 @@ def iterate_epoch(
     if info.shuffle:
         import numpy as np
 
-        rng = np.random.default_rng([info.seed if info.seed is not None else 0, epoch, 1])
+        rng = np.random.default_rng(info.shuffle_seed(1))
         window = shuffle_bytes or buffer.capacity
     try:
         while True:

@@ -17,10 +17,11 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.sparkjobs import SparkJob, arrow_schema_of, is_connect, sample_arrow
+from dataplane.driver.pushjob import PushJobs, feed_timeout_error
+from dataplane.driver.sparkjobs import arrow_schema_of
 from dataplane.errors import FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
-from feeders.protocol import Action, BeginEpoch, EpochState, chunk_bytes
+from feeders.protocol import Action, BeginEpoch, EpochState
 
 __all__ = ["FeedReport", "Feeder"]
 
@@ -67,55 +68,8 @@ class FeedReport:
         return self.rows - sum(self.rows_unconsumed.values()) - self.dropped_for_balance
 
 
-def _array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
-    """Per-row lengths of top-level array columns whose length is the same in every row.
-
-    One aggregate query over ``df``; such columns are fed as dense ``[batch, n]`` tensors, the
-    others as ragged tensors.
-    """
-    from pyspark.sql import functions as F
-
-    lists = [
-        f.name
-        for f in schema
-        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
-        if not (pa.types.is_list(f.type.value_type) or pa.types.is_large_list(f.type.value_type))
-    ]
-    if not lists:
-        return {}
-    aggs = []
-    for i, name in enumerate(lists):
-        size = F.size(F.col(f"`{name}`"))
-        aggs += [F.min(size).alias(f"mn{i}"), F.max(size).alias(f"mx{i}")]
-    row = df.agg(*aggs).collect()[0]
-    out = {}
-    for i, name in enumerate(lists):
-        mn, mx = row[f"mn{i}"], row[f"mx{i}"]
-        if mn is not None and mn == mx and mn > 0:
-            out[name] = (int(mn),)
-    return out
-
-
-def _first_line(e: BaseException) -> str:
-    """The line of a failed job's error that says what went wrong (a task's FeedError or
-    SchemaError, not the Java stack around it)."""
-    text = str(e).strip()
-    for line in text.splitlines():
-        if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
-            return line.strip()
-    return text.splitlines()[0][:2000] if text else repr(e)
-
-
-def _schema_message(e: BaseException) -> str | None:
-    """A pushing task's SchemaError message, if that is why the job failed."""
-    import re
-
-    m = re.search(r"SchemaError: (.+)", str(e))
-    return m.group(1).strip() if m else None
-
-
 @dataclass
-class _Epoch:
+class _EpochBooks:
     """The driver's books on one pushed epoch."""
 
     epoch: int
@@ -176,16 +130,13 @@ class Feeder:
         self.spark = spark
         self._secret = secret
         self._tls_root = tls_root
-        self._max_chunk_bytes = max_chunk_bytes
-        self._buffer_bytes = buffer_bytes
-        self._node_timeout = node_timeout
         self._action = action
         self._live_workers = live_workers
         self._failure = failure
         self._epoch = 0
-        self._push_frame: tuple[Any, ...] | None = None  # the reusable push job (classic Spark)
         self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
-        self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
+        self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
+                              buffer_bytes=buffer_bytes, node_timeout=node_timeout, failure=failure)
 
     # -- helpers ------------------------------------------------------------------------------
     def _each(self, nodes: Sequence[NodeInfo], name: Action, body: Callable[[NodeInfo], dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -201,109 +152,6 @@ class Feeder:
         with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="dataplane-action") as pool:
             futures = [(n, pool.submit(self._action, n, name.value, body(n))) for n in nodes]
             return {n.node_id: f.result() for n, f in futures}
-
-    def _shapes_of(self, df: Any, compute: Callable[[], dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
-        """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
-        repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
-        import weakref
-
-        hit = self._shapes.get(id(df))
-        if hit is not None and hit[0]() is df:
-            return hit[1]
-        shapes = compute()
-        try:
-            self._shapes[id(df)] = (weakref.ref(df), shapes)
-        except TypeError:  # not weak-referenceable: just do not cache
-            pass
-        if len(self._shapes) > 64:
-            self._shapes = {k: v for k, v in self._shapes.items() if v[0]() is not None}
-        return shapes
-
-    def _concurrent_tasks(self) -> int:
-        """Task slots that may push at once (chunks are sized so that all of them together
-        stay well inside a node's buffer: see feeders.protocol)."""
-        try:
-            if not is_connect(self.spark):
-                return max(1, int(self.spark.sparkContext.defaultParallelism))
-            return max(1, int(self.spark.conf.get("spark.default.parallelism", "8")))
-        except Exception:  # noqa: BLE001 - a guess is fine: it only sizes chunks
-            return 8
-
-    def _push_frame_for(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int) -> tuple[Any, dict[str, str]]:
-        """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
-
-        On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
-        DataFrame serves every epoch of the same ``df`` and workers: building it costs tens of
-        py4j calls (about 60 ms), every epoch otherwise. Spark Connect has no job-local
-        properties: the epoch is baked into a new DataFrame each time.
-        """
-        from feeders.protocol import EPOCH_PROPERTY, PUSH_RESULT_SCHEMA
-        from feeders.push import PartitionPusher
-
-        locations = [(n.node_id, n.flight_location) for n in workers]
-        chunk = chunk_bytes(self._buffer_bytes, self._concurrent_tasks(), self._max_chunk_bytes)
-
-        def frame(fixed_epoch: int | None) -> Any:
-            pusher = PartitionPusher(
-                secret=self._secret,
-                epoch=fixed_epoch,
-                locations=locations,
-                schema_ipc=schema_ipc,
-                max_chunk_bytes=chunk,
-                tls_root_certs=self._tls_root,
-            )
-            return df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
-
-        if is_connect(self.spark):
-            return frame(epoch), {}
-        key = (id(df), tuple(locations), schema_ipc, chunk)
-        cached = self._push_frame
-        if cached is None or cached[0] != key or cached[1]() is not df:
-            import weakref
-
-            try:
-                ref = weakref.ref(df)
-            except TypeError:  # not weak-referenceable: no reuse
-                return frame(None), {EPOCH_PROPERTY: str(epoch)}
-            self._push_frame = (key, ref, frame(None))
-        return self._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
-
-    def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float) -> Any:
-        """Wait for ``job`` while watching the nodes; cancel it if a node fails or time runs out."""
-        while True:
-            try:
-                return job.future.result(timeout=0.25)
-            except TimeoutError:
-                pass
-            except Exception as e:
-                # The job failed: if a node is behind it, say so. A node that cannot be reached
-                # may be dead: give the heartbeat monitor long enough to decide.
-                text = str(e)
-                schema = _schema_message(e)
-                if schema is not None:
-                    raise SchemaError(schema) from None
-                unreachable = any(
-                    k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
-                )
-                err = self._failure(grace=self._node_timeout + 2.0 if unreachable else 3.0)
-                if err is not None:
-                    raise err from e
-                raise FeedError(f"{what} failed: {type(e).__name__}: {_first_line(e)}") from e
-            err = self._failure()
-            if err is not None:
-                job.cancel()
-                raise err
-            if time.monotonic() > deadline:
-                job.cancel()
-                raise self._timeout(what, timeout)
-
-    @staticmethod
-    def _timeout(what: str, timeout: float) -> FeedError:
-        return FeedError(
-            f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was "
-            f"cancelled. Raise feed_timeout for bigger data, or check that the nodes consume "
-            f"their dataset (cluster.metrics() shows each node's buffer and stall time)."
-        )
 
     # -- train --------------------------------------------------------------------------------
     def _split(self, name: str, df: Any) -> _Split:
@@ -321,7 +169,7 @@ class Feeder:
         from formats.schema import column_specs
 
         column_specs(schema)  # unsupported column types fail here, naming the column
-        shapes = self._shapes_of(df, lambda: _array_shapes(df, schema))
+        shapes = self._jobs.shapes(df, schema)
         return _Split(name, df, schema, schema.serialize().to_pybytes(), shapes)
 
     def train(
@@ -366,10 +214,10 @@ class Feeder:
         # node whose repeat=True stream ends (fit with steps_per_epoch done before the data)
         # closes all of them at once, and no epoch of this call can be mistaken for the next
         # program step's data.
-        books: list[_Epoch] = []
+        books: list[_EpochBooks] = []
         for e in range(num_epochs):
             for sp in splits:
-                ep = _Epoch(self._epoch, list(workers), sp.name, sp)
+                ep = _EpochBooks(self._epoch, list(workers), sp.name, sp)
                 self._epoch += 1
                 if sp.name in caches:
                     cid, recorded = caches[sp.name]
@@ -392,7 +240,7 @@ class Feeder:
         report.seconds = time.monotonic() - t0
         return report
 
-    def _abort(self, books: list[_Epoch]) -> None:
+    def _abort(self, books: list[_EpochBooks]) -> None:
         """A push failed: end every epoch of the call that has no limit yet, with the rows
         that did arrive, so the nodes' readers finish (equally on every worker) and the
         cluster stays usable for the next call."""
@@ -452,27 +300,22 @@ class Feeder:
         except Exception as e:  # noqa: BLE001 - a node that cannot be told frees it at exit
             logger.warning("could not drop cache %s on every node: %s", old.cache_id, e)
 
-    def _push_epoch(self, ep: _Epoch, report: FeedReport, deadline: float, timeout: float) -> None:
+    def _push_epoch(self, ep: _EpochBooks, report: FeedReport, deadline: float, timeout: float) -> None:
         sp = ep.source
-        pushed, properties = self._push_frame_for(sp.df, ep.workers, sp.schema_ipc, ep.epoch)
         what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
-        job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
-        rows = self._wait(job, deadline, what, timeout)
+        rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch,
+                              what=what, deadline=deadline, timeout=timeout)
         report.spark_jobs += 1
         for r in rows:
             nid = r["node_id"]
             ep.assigned[nid] = ep.assigned.get(nid, 0) + r["rows_sent"] + r["rows_refused"]
             report.bytes += r["bytes_sent"]
         states = self._states(ep)
-        ep.received = {nid: st.rows for nid, st in states.items()}
-        reading = [n for n in ep.workers if not states[n.node_id].closed and states[n.node_id].main == "running"]
-        ep.limit = min((ep.received[n.node_id] for n in reading), default=0)
-        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
-        ep.reading = {n.node_id for n in reading}
+        self._end_epoch(ep, states, {nid: st.rows for nid, st in states.items()})
         if ep.record is not None:
             self._caches[ep.split].assigned = dict(ep.assigned)
 
-    def _replay_epoch(self, ep: _Epoch, deadline: float, timeout: float) -> None:
+    def _replay_epoch(self, ep: _EpochBooks, deadline: float, timeout: float) -> None:
         """The nodes replay their caches: no Spark job; the limit is the smallest cache."""
         while True:
             replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
@@ -484,17 +327,23 @@ class Feeder:
             if err is not None:
                 raise err
             if time.monotonic() > deadline:
-                raise self._timeout(f"replaying epoch {ep.epoch}", timeout)
+                raise feed_timeout_error(f"replaying epoch {ep.epoch}", timeout)
             time.sleep(0.05)
         recorded = self._caches[ep.split].assigned
         ep.assigned = {n.node_id: recorded.get(n.node_id, rows[n.node_id]) for n in ep.workers}
-        ep.received = {nid: int(v) for nid, v in rows.items()}
-        reading = [n for n in ep.workers if not states[n.node_id].closed and states[n.node_id].main == "running"]
-        ep.limit = min((ep.received[n.node_id] for n in reading), default=0)
-        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
-        ep.reading = {n.node_id for n in reading}
+        self._end_epoch(ep, states, {nid: int(v) for nid, v in rows.items()})
 
-    def _states(self, ep: _Epoch, wait: float = 0.0) -> dict[int, EpochState]:
+    def _end_epoch(self, ep: _EpochBooks, states: dict[int, EpochState], received: dict[int, int]) -> None:
+        """Tell every worker how many rows to yield for ``ep``: the fewest any worker still
+        reading it holds, so all of them yield the same number (of rows, and of batches)."""
+        ep.received = received
+        reading = [n.node_id for n in ep.workers
+                   if not states[n.node_id].closed and states[n.node_id].main == "running"]
+        ep.limit = min((received[nid] for nid in reading), default=0)
+        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
+        ep.reading = set(reading)
+
+    def _states(self, ep: _EpochBooks, wait: float = 0.0) -> dict[int, EpochState]:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})
         states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
         failed = sorted(nid for nid, st in states.items() if st.main == "failed")
@@ -507,7 +356,7 @@ class Feeder:
             )
         return states
 
-    def _settle(self, books: list[_Epoch], report: FeedReport, deadline: float, timeout: float) -> None:
+    def _settle(self, books: list[_EpochBooks], report: FeedReport, deadline: float, timeout: float) -> None:
         """Wait until every worker's pass over each pushed epoch has ended, then account for
         every row: consumed (handed to TensorFlow), dropped for balance, or unconsumed."""
         pending = list(books)
@@ -566,97 +415,19 @@ class Feeder:
                 logger.info(msg)
 
     # -- inference ------------------------------------------------------------------------------
+    @property
+    def secret(self) -> str:
+        return self._secret
+
+    @property
+    def tls_root(self) -> bytes | None:
+        return self._tls_root
+
+    def live_workers(self) -> list[NodeInfo]:
+        """The chief and workers whose main still runs."""
+        return self._live_workers()
+
     def inference(self, df: Any, **kw: Any) -> Any:
+        from dataplane.driver.inference import inference
+
         return inference(self, df, **kw)
-
-
-def inference(
-    feeder: Feeder,
-    df: Any,
-    *,
-    passthrough: Sequence[str],
-    columns: Sequence[str] | None,
-    output_schema: pa.Schema | None,
-    feed_timeout: float,
-    max_rows: int,
-) -> Any:
-    """Build the lazily evaluated output DataFrame of ``cluster.inference``."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from feeders.push import PartitionInferrer
-
-    in_schema = arrow_schema_of(df)
-    passthrough = list(passthrough)
-    for c in passthrough:
-        if c not in in_schema.names:
-            raise SchemaError(
-                f"passthrough column {c!r} is not in the DataFrame; its columns are {in_schema.names}."
-            )
-    send = list(columns) if columns is not None else list(in_schema.names)
-    for c in send:
-        if c not in in_schema.names:
-            raise SchemaError(f"column {c!r} is not in the DataFrame; its columns are {in_schema.names}.")
-    servers = feeder._live_workers()
-    if not servers:
-        raise FeedError("no chief or worker node is running main, so nothing can answer inference.")
-    if output_schema is None:
-        output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
-    clash = [f.name for f in output_schema if f.name in passthrough]
-    if clash:
-        raise SchemaError(
-            f"predict returns column(s) {clash}, which are also passthrough columns; rename the "
-            f"outputs or drop them from passthrough."
-        )
-    fields = [in_schema.field(c) for c in passthrough] + list(output_schema)
-    out_schema = pa.schema(fields)
-    inferrer = PartitionInferrer(
-        secret=feeder._secret,
-        locations=[(n.node_id, n.flight_location) for n in servers],
-        send_columns=send,
-        passthrough=passthrough,
-        output_schema_ipc=out_schema.serialize().to_pybytes(),
-        max_rows=max_rows,
-        tls_root_certs=feeder._tls_root,
-    )
-    return df.mapInArrow(inferrer, from_arrow_schema(out_schema))
-
-
-def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]
-    """Ask one node to answer a few rows, to learn predict's output columns and types."""
-    import pyarrow.flight as flight
-
-    from dataplane.rpc import call_options, connect
-    from feeders.protocol import InferCommand
-
-    sample = sample_arrow(df.select(*[f"`{c}`" for c in send]), 4)
-    if sample.num_rows == 0:
-        raise FeedError(
-            "inference on an empty DataFrame: there is no row to learn predict's output columns "
-            "from; pass output_schema= (a pyarrow.Schema) to cluster.inference."
-        )
-    client = connect(node.flight_location, tls_root_certs=feeder._tls_root)
-    desc = flight.FlightDescriptor.for_command(InferCommand(probe=True).encode())
-    writer, reader = client.do_exchange(desc, options=call_options(feeder._secret, timeout))
-    batch = sample.combine_chunks().to_batches()[0]
-    writer.begin(batch.schema)
-    writer.write_with_metadata(batch, pa.py_buffer(b"0"))
-    try:
-        reply = reader.read_chunk()
-    except flight.FlightError as e:
-        raise FeedError(f"inference: node {node.node_id} could not answer a probe batch: {e}") from e
-    writer.done_writing()
-    writer.close()
-    client.close()
-    schema = reply.data.schema
-    # Spark has no unsigned or half types: widen them so the output DataFrame can hold them.
-    fields = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_unsigned_integer(t):
-            t = pa.int64()
-        elif pa.types.is_float16(t):
-            t = pa.float32()
-        elif pa.types.is_list(t) and pa.types.is_float16(t.value_type):
-            t = pa.list_(pa.float32())
-        fields.append(pa.field(f.name, t))
-    return pa.schema(fields)

@@ -125,9 +125,9 @@ def test_one_push_job_serves_every_epoch_of_a_dataframe(spark, cluster, feed_dir
     rows = 600
     df = make_df(spark, rows, 3)
     cluster.train(df, num_epochs=2)
-    frame = cluster._feeder._push_frame[2]
+    frame = cluster._feeder._jobs._push_frame[2]
     cluster.train(df)
-    assert cluster._feeder._push_frame[2] is frame
+    assert cluster._feeder._jobs._push_frame[2] is frame
     for _ in range(3):
         check_epoch(epoch_results(feed_dir, _Epochs.next, [0, 1]), rows)
         _Epochs.next += 1

@@ -1,0 +1,112 @@
+"""Driver side of ``cluster.inference``: the lazily evaluated output DataFrame.
+
+Each partition of the input goes to one serving node over a Flight ``do_exchange``
+(:class:`feeders.push.PartitionInferrer`); the answers come back on the same stream. When the
+caller gives no output schema, one node answers a 4-row probe first to learn it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import pyarrow as pa
+
+from dataplane.driver.sparkjobs import arrow_schema_of, sample_arrow
+from dataplane.errors import FeedError, SchemaError
+
+if TYPE_CHECKING:
+    from dataplane.driver.feed import Feeder
+
+__all__ = ["inference"]
+
+
+def inference(
+    feeder: "Feeder",
+    df: Any,
+    *,
+    passthrough: Sequence[str],
+    columns: Sequence[str] | None,
+    output_schema: pa.Schema | None,
+    feed_timeout: float,
+    max_rows: int,
+) -> Any:
+    """Build the lazily evaluated output DataFrame of ``cluster.inference``."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from feeders.push import PartitionInferrer
+
+    in_schema = arrow_schema_of(df)
+    passthrough = list(passthrough)
+    for c in passthrough:
+        if c not in in_schema.names:
+            raise SchemaError(
+                f"passthrough column {c!r} is not in the DataFrame; its columns are {in_schema.names}."
+            )
+    send = list(columns) if columns is not None else list(in_schema.names)
+    for c in send:
+        if c not in in_schema.names:
+            raise SchemaError(f"column {c!r} is not in the DataFrame; its columns are {in_schema.names}.")
+    servers = feeder.live_workers()
+    if not servers:
+        raise FeedError("no chief or worker node is running main, so nothing can answer inference.")
+    if output_schema is None:
+        output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
+    clash = [f.name for f in output_schema if f.name in passthrough]
+    if clash:
+        raise SchemaError(
+            f"predict returns column(s) {clash}, which are also passthrough columns; rename the "
+            f"outputs or drop them from passthrough."
+        )
+    fields = [in_schema.field(c) for c in passthrough] + list(output_schema)
+    out_schema = pa.schema(fields)
+    inferrer = PartitionInferrer(
+        secret=feeder.secret,
+        locations=[(n.node_id, n.flight_location) for n in servers],
+        send_columns=send,
+        passthrough=passthrough,
+        output_schema_ipc=out_schema.serialize().to_pybytes(),
+        max_rows=max_rows,
+        tls_root_certs=feeder.tls_root,
+    )
+    return df.mapInArrow(inferrer, from_arrow_schema(out_schema))
+
+
+def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]
+    """Ask one node to answer a few rows, to learn predict's output columns and types."""
+    import pyarrow.flight as flight
+
+    from dataplane.rpc import call_options, connect
+    from feeders.protocol import InferCommand
+
+    sample = sample_arrow(df.select(*[f"`{c}`" for c in send]), 4)
+    if sample.num_rows == 0:
+        raise FeedError(
+            "inference on an empty DataFrame: there is no row to learn predict's output columns "
+            "from; pass output_schema= (a pyarrow.Schema) to cluster.inference."
+        )
+    client = connect(node.flight_location, tls_root_certs=feeder.tls_root)
+    desc = flight.FlightDescriptor.for_command(InferCommand(probe=True).encode())
+    writer, reader = client.do_exchange(desc, options=call_options(feeder.secret, timeout))
+    batch = sample.combine_chunks().to_batches()[0]
+    writer.begin(batch.schema)
+    writer.write_with_metadata(batch, pa.py_buffer(b"0"))
+    try:
+        reply = reader.read_chunk()
+    except flight.FlightError as e:
+        raise FeedError(f"inference: node {node.node_id} could not answer a probe batch: {e}") from e
+    writer.done_writing()
+    writer.close()
+    client.close()
+    schema = reply.data.schema
+    # Spark has no unsigned or half types: widen them so the output DataFrame can hold them.
+    fields = []
+    for f in schema:
+        t = f.type
+        if pa.types.is_unsigned_integer(t):
+            t = pa.int64()
+        elif pa.types.is_float16(t):
+            t = pa.float32()
+        elif pa.types.is_list(t) and pa.types.is_float16(t.value_type):
+            t = pa.list_(pa.float32())
+        fields.append(pa.field(f.name, t))
+    return pa.schema(fields)

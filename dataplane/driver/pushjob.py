@@ -1,0 +1,206 @@
+"""The Spark side of a push: the ``mapInArrow`` job whose tasks send an epoch to the nodes.
+
+:class:`PushJobs` builds the job (reused across epochs of the same DataFrame on classic Spark),
+runs it while watching the nodes, and turns a failed job into the error that says why: a
+task's SchemaError, a failed node's NodeError, or a FeedError with the task's own first line.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+
+from dataplane.driver.sparkjobs import SparkJob, is_connect
+from dataplane.errors import FeedError, NodeError, SchemaError
+from dataplane.topology import NodeInfo
+from feeders.protocol import chunk_bytes
+
+__all__ = ["PushJobs", "array_shapes", "feed_timeout_error"]
+
+
+def feed_timeout_error(what: str, timeout: float) -> FeedError:
+    return FeedError(
+        f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was "
+        f"cancelled. Raise feed_timeout for bigger data, or check that the nodes consume "
+        f"their dataset (cluster.metrics() shows each node's buffer and stall time)."
+    )
+
+
+def array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
+    """Per-row lengths of top-level array columns whose length is the same in every row.
+
+    One aggregate query over ``df``; such columns are fed as dense ``[batch, n]`` tensors, the
+    others as ragged tensors.
+    """
+    from pyspark.sql import functions as F
+
+    lists = [
+        f.name
+        for f in schema
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+        if not (pa.types.is_list(f.type.value_type) or pa.types.is_large_list(f.type.value_type))
+    ]
+    if not lists:
+        return {}
+    aggs = []
+    for i, name in enumerate(lists):
+        size = F.size(F.col(f"`{name}`"))
+        aggs += [F.min(size).alias(f"mn{i}"), F.max(size).alias(f"mx{i}")]
+    row = df.agg(*aggs).collect()[0]
+    out = {}
+    for i, name in enumerate(lists):
+        mn, mx = row[f"mn{i}"], row[f"mx{i}"]
+        if mn is not None and mn == mx and mn > 0:
+            out[name] = (int(mn),)
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    """The line of a failed job's error that says what went wrong (a task's FeedError or
+    SchemaError, not the Java stack around it)."""
+    text = str(e).strip()
+    for line in text.splitlines():
+        if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
+            return line.strip()
+    return text.splitlines()[0][:2000] if text else repr(e)
+
+
+def _schema_message(e: BaseException) -> str | None:
+    """A pushing task's SchemaError message, if that is why the job failed."""
+    import re
+
+    m = re.search(r"SchemaError: (.+)", str(e))
+    return m.group(1).strip() if m else None
+
+
+class PushJobs:
+    """Push jobs for one cluster.
+
+    ``failure(grace=)`` returns the first failed node's NodeError (or None): a job is
+    cancelled as soon as a node fails, and a failed job is blamed on the node behind it.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        secret: str,
+        tls_root: bytes | None,
+        max_chunk_bytes: int,
+        buffer_bytes: int,
+        node_timeout: float,
+        failure: Callable[..., NodeError | None],
+    ) -> None:
+        self.spark = spark
+        self._secret = secret
+        self._tls_root = tls_root
+        self._max_chunk_bytes = max_chunk_bytes
+        self._buffer_bytes = buffer_bytes
+        self._node_timeout = node_timeout
+        self._failure = failure
+        self._push_frame: tuple[Any, ...] | None = None  # the reusable push job (classic Spark)
+        self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
+
+    def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
+            what: str, deadline: float, timeout: float) -> list[Any]:
+        """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS)."""
+        pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch)
+        job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
+        return self._wait(job, deadline, what, timeout)
+
+    def shapes(self, df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
+        """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
+        repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
+        import weakref
+
+        hit = self._shapes.get(id(df))
+        if hit is not None and hit[0]() is df:
+            return hit[1]
+        shapes = array_shapes(df, schema)
+        try:
+            self._shapes[id(df)] = (weakref.ref(df), shapes)
+        except TypeError:  # not weak-referenceable: just do not cache
+            pass
+        if len(self._shapes) > 64:
+            self._shapes = {k: v for k, v in self._shapes.items() if v[0]() is not None}
+        return shapes
+
+    def _concurrent_tasks(self) -> int:
+        """Task slots that may push at once (chunks are sized so that all of them together
+        stay well inside a node's buffer: see feeders.protocol)."""
+        try:
+            if not is_connect(self.spark):
+                return max(1, int(self.spark.sparkContext.defaultParallelism))
+            return max(1, int(self.spark.conf.get("spark.default.parallelism", "8")))
+        except Exception:  # noqa: BLE001 - a guess is fine: it only sizes chunks
+            return 8
+
+    def _push_frame_for(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int) -> tuple[Any, dict[str, str]]:
+        """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
+
+        On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
+        DataFrame serves every epoch of the same ``df`` and workers: building it costs tens of
+        py4j calls (about 60 ms), every epoch otherwise. Spark Connect has no job-local
+        properties: the epoch is baked into a new DataFrame each time.
+        """
+        from feeders.protocol import EPOCH_PROPERTY, PUSH_RESULT_SCHEMA
+        from feeders.push import PartitionPusher
+
+        locations = [(n.node_id, n.flight_location) for n in workers]
+        chunk = chunk_bytes(self._buffer_bytes, self._concurrent_tasks(), self._max_chunk_bytes)
+
+        def frame(fixed_epoch: int | None) -> Any:
+            pusher = PartitionPusher(
+                secret=self._secret,
+                epoch=fixed_epoch,
+                locations=locations,
+                schema_ipc=schema_ipc,
+                max_chunk_bytes=chunk,
+                tls_root_certs=self._tls_root,
+            )
+            return df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
+
+        if is_connect(self.spark):
+            return frame(epoch), {}
+        key = (id(df), tuple(locations), schema_ipc, chunk)
+        cached = self._push_frame
+        if cached is None or cached[0] != key or cached[1]() is not df:
+            import weakref
+
+            try:
+                ref = weakref.ref(df)
+            except TypeError:  # not weak-referenceable: no reuse
+                return frame(None), {EPOCH_PROPERTY: str(epoch)}
+            self._push_frame = (key, ref, frame(None))
+        return self._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
+
+    def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float) -> Any:
+        """Wait for ``job`` while watching the nodes; cancel it if a node fails or time runs out."""
+        while True:
+            try:
+                return job.future.result(timeout=0.25)
+            except TimeoutError:
+                pass
+            except Exception as e:
+                # The job failed: if a node is behind it, say so. A node that cannot be reached
+                # may be dead: give the heartbeat monitor long enough to decide.
+                text = str(e)
+                schema = _schema_message(e)
+                if schema is not None:
+                    raise SchemaError(schema) from None
+                unreachable = any(
+                    k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
+                )
+                err = self._failure(grace=self._node_timeout + 2.0 if unreachable else 3.0)
+                if err is not None:
+                    raise err from e
+                raise FeedError(f"{what} failed: {type(e).__name__}: {_first_line(e)}") from e
+            err = self._failure()
+            if err is not None:
+                job.cancel()
+                raise err
+            if time.monotonic() > deadline:
+                job.cancel()
+                raise feed_timeout_error(what, timeout)
