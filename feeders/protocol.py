@@ -61,8 +61,11 @@ __all__ = [
 EPOCH_PROPERTY = "dataplane.push.epoch"
 
 # What every pushing task returns, one row per worker node.
+# ``refused``: 1 when the node refused the stream at any point (its pass over the epoch had
+# ended, or its main had returned), even if only its closing reply said so.
 PUSH_RESULT_FIELDS = (
     "partition", "attempt", "node_id", "rows_sent", "rows_accepted", "rows_refused", "bytes_sent",
+    "refused",
 )
 PUSH_RESULT_SCHEMA = ", ".join(f"{name} long" for name in PUSH_RESULT_FIELDS)
 

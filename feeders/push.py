@@ -68,6 +68,7 @@ class _Stream:
     refused: int = 0
     accepted: int = 0
     open: bool = True
+    was_refused: bool = False  # the node refused the stream (see _refused_or_raise)
     pending: deque = field(default_factory=deque)  # chunks of the current batch not yet written
 
 
@@ -154,6 +155,8 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
                 s.bytes += chunk.nbytes
             if not wrote:
                 break
+    # End every stream before waiting for any reply: a node still taking the last chunks into
+    # a full buffer must not hold back the end of the other workers' streams.
     final = pa.py_buffer(encode_seen(total))
     for s in streams:
         if not s.open:
@@ -161,13 +164,20 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
         try:
             s.writer.write_metadata(final)
             s.writer.done_writing()
+        except flight.FlightError as e:
+            _refused_or_raise(p, s, e)
+    for s in streams:
+        if not s.open:
+            continue
+        try:
             buf = s.meta.read()
             if buf is not None:
                 s.accepted = PutReply.decode(buf.to_pybytes()).accepted
             s.writer.close()
         except flight.FlightError as e:
             _refused_or_raise(p, s, e)
-    return [(p.partition, p.attempt, s.node, s.sent, s.accepted, s.refused, s.bytes) for s in streams]
+    return [(p.partition, p.attempt, s.node, s.sent, s.accepted, s.refused, s.bytes, int(s.was_refused))
+            for s in streams]
 
 
 def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
@@ -183,6 +193,7 @@ def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
             why = Refusal.find(text)
     if why is not None and why.ends_stream_only:
         s.open = False
+        s.was_refused = True
         return
     if why is Refusal.SCHEMA:
         detail = text[text.index(why.value) + len(why.value):].strip().splitlines()[0]

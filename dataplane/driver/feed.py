@@ -1,11 +1,12 @@
-"""Driver side of ``cluster.train`` and ``cluster.inference``: the :class:`Feeder` a cluster holds.
+"""Driver side of ``cluster.train``: the :class:`Feeder` a cluster holds.
 
-The driver never touches the data: it announces an epoch to the workers, runs a ``mapInArrow``
-job whose tasks push straight to the nodes (:mod:`feeders.push`), then asks each node what it
-received and tells every worker still reading how many rows to yield (the minimum, so all yield
-the same number of batches). ``train`` returns once every worker's pass over the last epoch has
-ended (read to its end, left early, or its main returned), so its :class:`FeedReport` accounts
-for every row: consumed + ``rows_unconsumed`` + ``dropped_for_balance`` = rows pushed.
+The driver never touches the data: it announces a call's epochs to the workers, runs a
+``mapInArrow`` job per pushed epoch whose tasks push straight to the nodes (:mod:`feeders.push`,
+:mod:`dataplane.driver.pushjob`), and from the tasks' own counts tells every worker still reading
+how many rows to yield (the minimum, so all yield the same number of batches). ``train`` returns
+once every worker's pass over each epoch has ended (read to its end, left early, or its main
+returned), so its :class:`FeedReport` accounts for every row: consumed + ``rows_unconsumed`` +
+``dropped_for_balance`` = rows pushed.
 """
 
 from __future__ import annotations
@@ -267,8 +268,6 @@ class Feeder:
                 self._push_epoch(ep, report, deadline, feed_timeout)
             report.rows += sum(ep.assigned.values())
             report.rows_per_split[ep.split] = report.rows_per_split.get(ep.split, 0) + sum(ep.assigned.values())
-            for nid, got in ep.received.items():
-                report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + got
             if progress is not None:
                 progress({"epoch": ep.epoch, "split": ep.split, "rows": report.rows,
                           "seconds": time.monotonic() - t0})
@@ -306,12 +305,20 @@ class Feeder:
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch,
                               what=what, deadline=deadline, timeout=timeout)
         report.spark_jobs += 1
+        sent: dict[int, int] = {}
+        refused: set[int] = set()
         for r in rows:
             nid = r["node_id"]
             ep.assigned[nid] = ep.assigned.get(nid, 0) + r["rows_sent"] + r["rows_refused"]
+            sent[nid] = sent.get(nid, 0) + r["rows_sent"]
+            if r["refused"]:
+                refused.add(nid)
             report.bytes += r["bytes_sent"]
-        states = self._states(ep)
-        self._end_epoch(ep, states, {nid: st.rows for nid, st in states.items()})
+        # Each successful task sent every worker its whole share of its partition (a node drops
+        # what retried attempts repeat), so a worker that refused nothing holds exactly what
+        # was sent to it: the limit needs no round trip to ask the nodes first.
+        reading = {n.node_id for n in ep.workers if n.node_id not in refused}
+        self._end_epoch(ep, reading, min((sent.get(nid, 0) for nid in reading), default=0))
         if ep.record is not None:
             self._caches[ep.split].assigned = dict(ep.assigned)
 
@@ -331,17 +338,15 @@ class Feeder:
             time.sleep(0.05)
         recorded = self._caches[ep.split].assigned
         ep.assigned = {n.node_id: recorded.get(n.node_id, rows[n.node_id]) for n in ep.workers}
-        self._end_epoch(ep, states, {nid: int(v) for nid, v in rows.items()})
+        ep.received = {nid: int(v) for nid, v in rows.items()}
+        reading = {nid for nid, st in states.items() if not st.closed and st.main == "running"}
+        self._end_epoch(ep, reading, min((ep.received[nid] for nid in reading), default=0))
 
-    def _end_epoch(self, ep: _EpochBooks, states: dict[int, EpochState], received: dict[int, int]) -> None:
+    def _end_epoch(self, ep: _EpochBooks, reading: set[int], limit: int) -> None:
         """Tell every worker how many rows to yield for ``ep``: the fewest any worker still
         reading it holds, so all of them yield the same number (of rows, and of batches)."""
-        ep.received = received
-        reading = [n.node_id for n in ep.workers
-                   if not states[n.node_id].closed and states[n.node_id].main == "running"]
-        ep.limit = min((received[nid] for nid in reading), default=0)
-        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
-        ep.reading = set(reading)
+        ep.limit, ep.reading = limit, reading
+        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": limit})
 
     def _states(self, ep: _EpochBooks, wait: float = 0.0) -> dict[int, EpochState]:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})
@@ -389,8 +394,11 @@ class Feeder:
                         f"epoch {ep.epoch}: node {nid} received {st.rows} rows but the pushing "
                         f"tasks assigned it {assigned}; rows were duplicated."
                     )
+                # a pushed epoch's rows as the node counts them; a replay's: its cache
+                received = ep.received.get(nid, st.rows)
+                report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + received
                 if nid in ep.reading and st.complete:
-                    dropped = ep.received[nid] - (ep.limit or 0)
+                    dropped = received - (ep.limit or 0)
                     report.dropped_for_balance += dropped
                     left = assigned - st.emitted - dropped
                 else:

@@ -133,10 +133,11 @@ def test_a_worker_leaving_the_epoch_is_sent_no_more_of_it(nodes):
     by_node = {r[2]: r for r in result}
     shares = split_counts(rows, 2, 0)
     for k, b in enumerate(bufs):
-        _, _, _, sent, _, refused, _ = by_node[k]
+        _, _, _, sent, _, refused, _, was_refused = by_node[k]
         # the share was 2.4 MB against a 256 KiB buffer: the task finished because the node
         # refused the rest (gRPC may have taken some writes before the refusal reached it)
         assert sent + refused == shares[k]
+        assert was_refused == 1  # so the driver leaves this node out of the epoch's limit
         st = b.epoch_state(0)
         assert st["closed"] and not st["complete"]
         assert st["rows"] <= sent
