@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dataplane.compat.TFNode import TFNodeContext, column_name
-from dataplane.errors import ClusterStateError, FeedError, SchemaError
+from dataplane.errors import ClusterStateError, SchemaError
 
 __all__ = ["TFCluster", "InputMode", "run", "rdd_to_dataframe"]
 
@@ -327,40 +327,9 @@ class TFCluster:
             dataRDD = dataRDD.rdd  # a DataFrame: its Rows are tuples, as TFoS's pipeline feeds
         df = rdd_to_dataframe(self.spark, dataRDD)
         report = self.cluster.train(df, num_epochs=num_epochs or 10, feed_timeout=feed_timeout)
+        # Cluster.train returns once every worker's pass over each epoch has ended: TFoS's
+        # train returned once the nodes had taken every row, so there is nothing more to wait for.
         logger.info("TFCluster.train: pushed %d rows in %.1f s", report.rows, report.seconds)
-        self._wait_consumed(feed_timeout)
-
-    def _wait_consumed(self, feed_timeout: float) -> None:
-        """TFoS's train returns when the nodes have taken every fed row: wait for that."""
-        workers = [n.node_id for n in self.cluster.nodes if n.role in ("chief", "worker")]
-        last, since = None, time.monotonic()
-        while True:
-            states = self.cluster.metrics()
-            waiting = []
-            for i in workers:
-                m = states.get(i, {})
-                if m.get("main") == "failed" or "error" in m:
-                    self.cluster.shutdown(timeout=60.0)  # raises the node's NodeError
-                    raise FeedError(f"node {i} failed while reading the feed: {m}")
-                done = (
-                    m.get("main") != "running"
-                    or m.get("consumer_finished")
-                    or m.get("epochs_consumed", 0) >= m.get("epochs_begun", 0)
-                )
-                if not done:
-                    waiting.append(i)
-            if not waiting:
-                return
-            progress = tuple(states[i].get("rows_out", 0) for i in waiting)
-            if progress != last:
-                last, since = progress, time.monotonic()
-            elif time.monotonic() - since > feed_timeout:
-                raise FeedError(
-                    f"TFCluster.train: node(s) {waiting} took no rows for {feed_timeout:.0f} s "
-                    f"(feed_timeout); does map_fun read the feed with next_batch, or call "
-                    f"terminate() when it stops early?"
-                )
-            time.sleep(0.2)
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
         """A lazy RDD of the nodes' ``batch_results`` for every element of ``dataRDD``, in
