@@ -137,23 +137,17 @@ class _NodeFeed:
             self._reader.start()
 
     def _wait_stop(self) -> None:
-        self._ctx._stop.wait()
+        self._ctx.wait_stop()
         self.items.put(_END_FEED)
 
     def _read_training(self) -> None:
-        from feeders.source import iterate_epoch
-
         ctx = self._ctx
-        buffer = ctx._buffer
         try:
             while not self.terminated:
-                epoch = ctx._next_epoch()
-                if buffer.wait_epoch_info(epoch) is None:
+                chunks = ctx.next_pushed_epoch(CHUNK_ROWS, _decode_table)
+                if chunks is None:
                     break  # the node is stopping
-                for rows in iterate_epoch(
-                    buffer, epoch, batch_size=CHUNK_ROWS, num_workers=ctx.num_workers,
-                    drop_remainder=False, convert=_decode_table,
-                ):
+                for rows in chunks:
                     if self.terminated:
                         break
                     self._room.acquire()
@@ -163,7 +157,7 @@ class _NodeFeed:
             if not self.terminated:
                 logger.error("reading the training feed failed: %s", e)
                 self.items.put(e)
-        ctx._stop.wait()  # after terminate() inference requests may still come, until shutdown
+        ctx.wait_stop()  # after terminate() inference requests may still come, until shutdown
         self.items.put(_END_FEED)
 
     def took_chunk(self) -> None:
@@ -205,11 +199,7 @@ class _NodeFeed:
         if self.terminated:
             return
         self.terminated = True
-        buffer = self._ctx._buffer
-        buffer.consumer_finished()
-        # Stand-in until the buffer reports consumer_finished in its metrics itself:
-        # TFCluster.train stops waiting for this node once it sees the flag.
-        buffer.metrics["consumer_finished"] = True
+        self._ctx.end_feed()
         dropped = 0
         while True:
             try:

@@ -6,7 +6,7 @@ import logging
 import os
 import posixpath
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
@@ -72,8 +72,27 @@ class NodeContext:
         """True once the driver asked the cluster to shut down."""
         return self._stop.is_set()
 
-    def _next_epoch(self) -> int:
-        return self._buffer.claim_epoch()
+    def wait_stop(self, timeout: float | None = None) -> bool:
+        """Block until the driver asks the cluster to shut down (or ``timeout``); True once it
+        has."""
+        return self._stop.wait(timeout)
+
+    def next_pushed_epoch(self, rows: int, convert: Callable[[Any], Any]) -> Iterator[Any] | None:
+        """For adapters that consume pushed rows outside tf.data (:mod:`dataplane.compat`):
+        the next pushed epoch of the train split as ``convert(table)`` of up to ``rows`` rows
+        each (equal counts on every worker, as ``dataset``; leaving it mid-way leaves the epoch
+        early). Waits for the driver to push one; ``None`` once the node is stopping."""
+        from feeders.source import iterate_epoch
+
+        epoch = self._buffer.claim_epoch()
+        if epoch is None or self._buffer.wait_epoch_info(epoch) is None:
+            return None
+        return iterate_epoch(self._buffer, epoch, batch_size=rows, num_workers=self.num_workers,
+                             drop_remainder=False, convert=convert)
+
+    def end_feed(self) -> None:
+        """This node will read no more pushed rows: refuse later pushes, drop what waits."""
+        self._buffer.consumer_finished()
 
     def dataset(
         self,

@@ -9,13 +9,19 @@ from pathlib import Path
 
 
 def wait_json(path: Path, timeout: float = 120.0) -> dict:
-    """Wait until a node has written ``path`` (nodes report asynchronously)."""
+    """Wait until a node has written ``path`` (nodes report asynchronously; a file seen while
+    it is being written is read again)."""
     deadline = time.monotonic() + timeout
+    text = None
     while time.monotonic() < deadline:
         if path.exists():
-            return json.loads(path.read_text())
+            text = path.read_text()
+            try:
+                return json.loads(text)
+            except ValueError:
+                pass
         time.sleep(0.2)
-    raise AssertionError(f"{path} was not written within {timeout:.0f} s")
+    raise AssertionError(f"{path} was not written within {timeout:.0f} s (last seen: {text!r:.200})")
 
 
 def alive(pid: int) -> bool:
