@@ -125,7 +125,7 @@ class Action(str, enum.Enum):
     """Control actions the driver sends to a node (``do_action`` types)."""
 
     PING = "ping"
-    BEGIN_EPOCH = "begin_epoch"  # BeginEpoch -> {"main"}
+    BEGIN_EPOCH = "begin_epoch"  # BeginEpoch, or {"epochs": [BeginEpoch, ...]} in order -> {"main"}
     EPOCH_STATE = "epoch_rows"  # {"epoch"} -> EpochState
     END_EPOCH = "end_epoch"  # {"epoch", "limit"}: rows every consuming worker yields
     METRICS = "metrics"

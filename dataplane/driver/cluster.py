@@ -210,6 +210,7 @@ class Cluster:
             failure = self._node_failure()
         unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0))
         self._state = "stopped"
+        self._feeder.close()
         if failure is None:
             failure = self._node_failure(include_lost=False)
         if failure is None:

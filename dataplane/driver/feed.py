@@ -83,6 +83,7 @@ class _EpochBooks:
     received: dict[int, int] = field(default_factory=dict)
     limit: int | None = None
     reading: set[int] = field(default_factory=set)  # nodes told the limit
+    ending: list[Any] = field(default_factory=list)  # (node, future) of the END_EPOCH actions
 
 
 @dataclass
@@ -136,6 +137,7 @@ class Feeder:
         self._failure = failure
         self._epoch = 0
         self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
+        self._pool: Any = None  # threads sending control actions to the nodes at once
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
                               buffer_bytes=buffer_bytes, node_timeout=node_timeout, failure=failure)
 
@@ -148,11 +150,21 @@ class Feeder:
         """
         if len(nodes) <= 1:
             return {n.node_id: self._action(n, name.value, body(n)) for n in nodes}
-        from concurrent.futures import ThreadPoolExecutor
+        return {n.node_id: f.result() for n, f in self._send(nodes, name, body)}
 
-        with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="dataplane-action") as pool:
-            futures = [(n, pool.submit(self._action, n, name.value, body(n))) for n in nodes]
-            return {n.node_id: f.result() for n, f in futures}
+    def _send(self, nodes: Sequence[NodeInfo], name: Action, body: Callable[[NodeInfo], dict[str, Any]]) -> list[tuple[NodeInfo, Any]]:
+        """Send one control action to every node without waiting: (node, future) pairs."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dataplane-action")
+        return [(n, self._pool.submit(self._action, n, name.value, body(n))) for n in nodes]
+
+    def close(self) -> None:
+        """The cluster is shutting down: stop the action threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     # -- train --------------------------------------------------------------------------------
     def _split(self, name: str, df: Any) -> _Split:
@@ -227,11 +239,12 @@ class Feeder:
                     else:
                         ep.record = cid
                 books.append(ep)
-        for ep in books:
-            sp = ep.source
-            begin = BeginEpoch(ep.epoch, sp.schema_ipc, sp.shapes, split=sp.name, shuffle=shuffle,
-                               seed=seed, record=ep.record, replay=ep.replay).to_json()
-            self._each(workers, Action.BEGIN_EPOCH, lambda n: begin)
+        begins = [
+            BeginEpoch(ep.epoch, ep.source.schema_ipc, ep.source.shapes, split=ep.source.name,
+                       shuffle=shuffle, seed=seed, record=ep.record, replay=ep.replay).to_json()
+            for ep in books
+        ]
+        self._each(workers, Action.BEGIN_EPOCH, lambda n: {"epochs": begins})  # in order, at once
         try:
             self._run_epochs(books, report, deadline, feed_timeout, progress, t0)
         except BaseException:
@@ -346,7 +359,9 @@ class Feeder:
         """Tell every worker how many rows to yield for ``ep``: the fewest any worker still
         reading it holds, so all of them yield the same number (of rows, and of batches)."""
         ep.limit, ep.reading = limit, reading
-        self._each(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": limit})
+        # not waited for here: the next epoch's job starts at once, and _settle's long poll,
+        # which needs the limit to have arrived, checks the replies first
+        ep.ending = self._send(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": limit})
 
     def _states(self, ep: _EpochBooks, wait: float = 0.0) -> dict[int, EpochState]:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})
@@ -367,6 +382,9 @@ class Feeder:
         pending = list(books)
         while pending:
             ep = pending[0]
+            for _, sent in ep.ending:
+                sent.result()  # a node that did not take the limit fails here, with its error
+            ep.ending = []
             states = self._states(ep, wait=1.0)  # each node answers once its pass has ended
             if not all(st.closed or st.main != "running" for st in states.values()):
                 err = self._failure()

@@ -170,16 +170,18 @@ class NodeServer(flight.FlightServerBase):
             raise flight.FlightServerError(f"node {self.node_id}: unknown action {action.type!r}") from None
         if name is Action.PING:
             return json_result({"node_id": self.node_id, "main": self.main_state})
-        if name is Action.BEGIN_EPOCH:
-            begin = BeginEpoch.from_json(body)
-            try:
-                reply = self.buffer.begin_epoch(
-                    EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
-                              shapes=dict(begin.shapes), split=begin.split, shuffle=begin.shuffle,
-                              seed=begin.seed, record=begin.record, replay=begin.replay)
-                )
-            except FeedError as e:
-                raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
+        if name is Action.BEGIN_EPOCH:  # one epoch, or a train call's epochs in order
+            reply: dict[str, Any] = {}
+            for one in body.get("epochs", [body]):
+                begin = BeginEpoch.from_json(one)
+                try:
+                    reply = self.buffer.begin_epoch(
+                        EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
+                                  shapes=dict(begin.shapes), split=begin.split, shuffle=begin.shuffle,
+                                  seed=begin.seed, record=begin.record, replay=begin.replay)
+                    )
+                except FeedError as e:
+                    raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
             return json_result({"ok": True, "main": self.main_state, **reply})
         if name is Action.DROP_CACHE:
             self.buffer.drop_cache(str(body["cache"]))
