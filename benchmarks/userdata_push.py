@@ -22,7 +22,6 @@ and the last ``FeedReport`` go with it.
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from pathlib import Path
@@ -96,22 +95,18 @@ def _num_rows(table: pa.Table) -> int:
 def drain_main(args: dict[str, Any], ctx: Any) -> None:
     """A node's ``main`` for the ``node-buffer`` stage: drain each pushed epoch, no tensors.
 
-    Uses the node's feed buffer as ``ctx.dataset`` does (``feeders.source.iterate_epoch``, the
-    same batch cutting and equal-batch limit) but hands out row counts instead of tensors.
-    Writes ``<role><index>-epoch<e>.json`` like :func:`benchmarks.push.count_main`.
+    Reads the node's feed buffer as ``ctx.dataset`` does (``ctx.next_pushed_epoch``: the same
+    batch cutting and equal-batch limit) but hands out row counts instead of tensors. Writes
+    ``<role><index>-epoch<e>.json`` like :func:`benchmarks.push.count_main`.
     """
-    from feeders.source import iterate_epoch
-
     out = Path(args["dir"])
     epoch = 0
     while True:
         asked = time.perf_counter()
-        rows = 0
-        for n in iterate_epoch(ctx._buffer, ctx._next_epoch(), batch_size=args["batch_size"],
-                               num_workers=ctx.num_workers, drop_remainder=False, convert=_num_rows):
-            rows += n
-        if rows == 0 and ctx.should_stop:
+        chunks = ctx.next_pushed_epoch(args["batch_size"], _num_rows)
+        if chunks is None:  # the node is stopping
             return
+        rows = sum(chunks)
         _write_json(out / f"{ctx.role}{ctx.index}-epoch{epoch}.json",
                     {"rows": rows, "seconds": time.perf_counter() - asked})
         epoch += 1
@@ -121,16 +116,11 @@ def _drain_unavailable() -> str | None:
     """Why the node-buffer stage cannot run against this checkout's node API, or None."""
     try:
         from dataplane.node.context import NodeContext
-        from feeders.source import iterate_epoch
-
-        params = set(inspect.signature(iterate_epoch).parameters)
-        source = inspect.getsource(NodeContext)
     except Exception as exc:  # noqa: BLE001 - any failure: the stage is skipped, with why
-        return f"the node's feed-buffer API cannot be inspected: {type(exc).__name__}: {exc}"
-    need = {"buffer", "epoch", "batch_size", "num_workers", "drop_remainder", "convert"}
-    if not need <= params or "self._buffer" not in source or "def _next_epoch" not in source:
-        return ("the node's feed-buffer API changed (feeders.source.iterate_epoch, "
-                "NodeContext._buffer/_next_epoch); benchmarks/userdata_push.drain_main needs updating")
+        return f"the node's context cannot be imported: {type(exc).__name__}: {exc}"
+    if not callable(getattr(NodeContext, "next_pushed_epoch", None)):
+        return ("the node's context has no next_pushed_epoch(rows, convert); "
+                "benchmarks/userdata_push.drain_main needs updating")
     return None
 
 
