@@ -50,7 +50,6 @@ class ControlServer(flight.FlightServerBase):
         num_nodes: int,
         num_ps: int,
         evaluator: bool,
-        node_config: dict[str, Any],
         tls: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.scheme = "grpc+tls" if tls else "grpc"
@@ -64,7 +63,6 @@ class ControlServer(flight.FlightServerBase):
         self._num_nodes = num_nodes
         self._num_ps = num_ps
         self._evaluator = evaluator
-        self._node_config = node_config
         self._cond = threading.Condition()
         self.status: dict[int, NodeStatus] = {}
         self.topology: Topology | None = None
@@ -141,7 +139,7 @@ class ControlServer(flight.FlightServerBase):
                     self.role_error = str(e)
             self._cond.notify_all()
         logger.debug("node %d registered from %s", node_id, body.get("host"))
-        return {"accepted": True, "config": self._node_config}
+        return {"accepted": True}
 
     def _on_launch(self, body: dict[str, Any]) -> dict[str, Any]:
         node_id = int(body["node_id"])

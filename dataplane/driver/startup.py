@@ -22,6 +22,7 @@ from dataplane.driver.cluster import Cluster
 from dataplane.driver.control import ControlServer
 from dataplane.errors import NodeError, ReservationError, error_summary
 from dataplane.driver.sparkjobs import SparkJob, is_connect
+from dataplane.node.launcher import LAUNCH_SCHEMA, NodeConfig, NodeLauncher
 
 __all__ = ["run"]
 
@@ -68,17 +69,17 @@ def run(
     num_ps: int = 0,
     evaluator: bool = False,
     tensorboard: bool = False,
-    reservation_timeout: float = 120.0,
-    buffer_bytes: int = 64 * _MiB,
+    reservation_timeout: float = NodeConfig.reservation_timeout,
+    buffer_bytes: int = NodeConfig.buffer_bytes,
     port_range: tuple[int, int] | None = None,
     bind_host: str | None = None,
     log_dir: str | None = None,
-    heartbeat_interval: float = 1.0,
-    heartbeat_timeout: float = 15.0,
+    heartbeat_interval: float = NodeConfig.heartbeat_interval,
+    heartbeat_timeout: float = NodeConfig.heartbeat_timeout,
     node_timeout: float = 10.0,
-    stop_grace: float = 10.0,
+    stop_grace: float = NodeConfig.stop_grace,
     max_chunk_bytes: int = _MiB,
-    cache_bytes: int = 1024 * _MiB,
+    cache_bytes: int = NodeConfig.cache_bytes,
     tls: tuple[bytes, bytes] | None = None,
 ) -> "Cluster":
     """Start ``num_nodes`` TF nodes on the executors and return once all have registered.
@@ -137,35 +138,28 @@ def run(
     host = _driver_host(spark, bind_host)
     if tensorboard and log_dir is None:
         log_dir = tempfile.mkdtemp(prefix=f"dataplane-{cluster_id}-tb-")
-    node_config = {
-        "cluster_id": cluster_id,
-        "buffer_bytes": int(buffer_bytes),
-        "cache_bytes": int(cache_bytes),
-        "port_range": list(port_range) if port_range else None,
-        "bind_host": bind_host,
-        "heartbeat_interval": heartbeat_interval,
-        "heartbeat_timeout": heartbeat_timeout,
-        "reservation_timeout": reservation_timeout,
-        "stop_grace": stop_grace,
-        "tensorboard": bool(tensorboard),
-        "log_dir": log_dir,
-        "default_fs": _default_fs(spark),
-        "tls": {"cert": tls[0].decode(), "key": tls[1].decode()} if tls else None,
-    }
     control = ControlServer(
-        host, secret, num_nodes=num_nodes, num_ps=num_ps, evaluator=evaluator,
-        node_config=node_config, tls=tls,
+        host, secret, num_nodes=num_nodes, num_ps=num_ps, evaluator=evaluator, tls=tls,
     )
-    from dataplane.node.launcher import LAUNCH_SCHEMA, NodeLauncher
-
-    launcher = NodeLauncher(
+    node_config = NodeConfig(
+        cluster_id=cluster_id,
         driver=control.location,
         secret=secret,
-        cluster_id=cluster_id,
-        payload=payload,
-        node_config=node_config,
-        start_timeout=reservation_timeout,
+        buffer_bytes=int(buffer_bytes),
+        cache_bytes=int(cache_bytes),
+        port_range=tuple(port_range) if port_range else None,
+        bind_host=bind_host,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout,
+        reservation_timeout=reservation_timeout,
+        stop_grace=stop_grace,
+        tensorboard=bool(tensorboard),
+        log_dir=log_dir,
+        default_fs=_default_fs(spark),
+        tls_cert=tls[0].decode() if tls else None,
+        tls_key=tls[1].decode() if tls else None,
     )
+    launcher = NodeLauncher(node_config, payload)
     launch_df = spark.range(0, num_nodes, 1, num_nodes).mapInArrow(
         launcher, LAUNCH_SCHEMA, barrier=True
     )

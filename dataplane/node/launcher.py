@@ -4,6 +4,9 @@ Shipped to executors inside a barrier ``mapInArrow`` job (one partition per node
 starts every node at the same time, each in its own task slot, or not at all. The task spawns the
 detached node process, waits until the node has registered with the driver (or failed), and
 returns, freeing its slot for the feeding jobs.
+
+The node's configuration, what the driver tells every node, lives in :mod:`dataplane.node.config`
+(:class:`NodeConfig`, re-exported here, the driver's one door into the node's room).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-__all__ = ["NodeLauncher", "LAUNCH_SCHEMA", "resolve_bind_host"]
+from dataplane.node.config import NodeConfig
+
+__all__ = ["NodeLauncher", "NodeConfig", "LAUNCH_SCHEMA", "resolve_bind_host"]
 
 LAUNCH_SCHEMA = "node_id long, host string, flight_port long, pid long, hostname string"
 
@@ -42,12 +47,13 @@ def resolve_bind_host(configured: str | None) -> str:
 class NodeLauncher:
     """Picklable launch function: ``mapInArrow(NodeLauncher(...), LAUNCH_SCHEMA, barrier=True)``."""
 
-    driver: str
-    secret: str
-    cluster_id: str
-    payload: bytes  # cloudpickle of (main, args), made once on the driver
-    node_config: dict[str, Any] = field(default_factory=dict)
-    start_timeout: float = 120.0
+    config: NodeConfig  # the cluster's; each task adds its node id and bind address
+    payload: bytes = field(repr=False)  # cloudpickle of (main, args), made once on the driver
+
+    @property
+    def start_timeout(self) -> float:
+        """How long the task waits for its node to register."""
+        return self.config.reservation_timeout
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -58,28 +64,20 @@ class NodeLauncher:
         for _ in batches:
             pass
         node_id = TaskContext.get().partitionId()
-        client = rpc.connect_driver(self.driver, self.node_config.get("tls"))
-        state = rpc.do_json_action(client, self.secret, "launch", {"node_id": node_id})
+        config = self.config
+        client = rpc.connect_driver(config.driver, config.tls)
+        state = rpc.do_json_action(client, config.secret, "launch", {"node_id": node_id})
         if state.get("registered"):
             # A retried launch task: the node from the first attempt is alive; do not start
             # a second one.
             r = state["registration"]
             yield self._row(node_id, r)
             return
-        workdir = tempfile.mkdtemp(prefix=f"dataplane-{self.cluster_id}-node{node_id}-")
+        workdir = tempfile.mkdtemp(prefix=f"dataplane-{config.cluster_id}-node{node_id}-")
         with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
             f.write(self.payload)
-        cfg = dict(self.node_config)
-        cfg.update(
-            node_id=node_id,
-            driver=self.driver,
-            secret=self.secret,
-            bind_host=resolve_bind_host(cfg.get("bind_host")),
-        )
         config_path = os.path.join(workdir, "config.json")
-        fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(cfg, f)
+        config.for_node(node_id, resolve_bind_host(config.bind_host)).save(config_path)
         r_fd, w_fd = os.pipe()
         try:
             spawn_detached(config_path, w_fd, dict(os.environ))
@@ -92,7 +90,7 @@ class NodeLauncher:
             text = f"node {node_id} failed to start on {socket.gethostname()}: {error}"
             try:
                 rpc.do_json_action(
-                    client, self.secret, "launch_failed", {"node_id": node_id, "error": text, "log": tail}
+                    client, config.secret, "launch_failed", {"node_id": node_id, "error": text, "log": tail}
                 )
             except Exception:  # noqa: BLE001 - the job failure below carries the message too
                 pass

@@ -28,6 +28,8 @@ import time
 import traceback
 from typing import Any
 
+from dataplane.node.config import NodeConfig
+
 __all__ = ["spawn_detached", "NodeShutdown"]
 
 logger = logging.getLogger("dataplane.node.process")
@@ -85,12 +87,13 @@ def _set_pdeathsig() -> None:
 
 class _Node:
     def __init__(self, config_path: str, ready_fd: int) -> None:
-        with open(config_path) as f:
-            self.cfg: dict[str, Any] = json.load(f)
+        self.cfg = NodeConfig.load(config_path)
+        if self.cfg.node_id is None or self.cfg.bind_host is None:
+            raise ValueError(f"{config_path}: the launch task did not set node_id and bind_host")
         self.workdir = os.path.dirname(config_path)
         self.ready_fd = ready_fd
-        self.node_id = int(self.cfg["node_id"])
-        self.secret = self.cfg["secret"]
+        self.node_id: int = self.cfg.node_id
+        self.secret = self.cfg.secret
         self.stop_event = threading.Event()
         self.driver_lost = threading.Event()
         self.main_finished = threading.Event()
@@ -112,7 +115,7 @@ class _Node:
     def _driver(self):  # type: ignore[no-untyped-def]
         from dataplane import rpc
 
-        return rpc.connect_driver(self.cfg["driver"], self.cfg.get("tls"))
+        return rpc.connect_driver(self.cfg.driver, self.cfg.tls)
 
     def _action(self, client, name: str, body: dict[str, Any], timeout: float = 15.0):  # type: ignore[no-untyped-def]
         from dataplane.rpc import do_json_action
@@ -128,17 +131,17 @@ class _Node:
         from feeders.buffer import FeedBuffer
 
         self.buffer = FeedBuffer(
-            int(self.cfg["buffer_bytes"]),
+            self.cfg.buffer_bytes,
             cache_dir=os.path.join(self.workdir, "cache"),
-            cache_bytes=int(self.cfg.get("cache_bytes", 1 << 30)),
+            cache_bytes=self.cfg.cache_bytes,
         )
         self.broker = InferenceBroker()
-        rng = self.cfg.get("port_range")
+        rng = self.cfg.port_range
         ports = [0] if not rng else list(range(rng[0], rng[1] + 1))
-        scheme = "grpc+tls" if self.cfg.get("tls") else "grpc"
+        scheme = self.cfg.scheme
         tls = None
-        if self.cfg.get("tls"):
-            tls = [flight.CertKeyPair(cert=self.cfg["tls"]["cert"], key=self.cfg["tls"]["key"])]
+        if self.cfg.tls_cert:
+            tls = [flight.CertKeyPair(cert=self.cfg.tls_cert, key=self.cfg.tls_key)]
         for port in ports:
             try:
                 return NodeServer(
@@ -168,8 +171,8 @@ class _Node:
 
     # -- heartbeat ------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        interval = float(self.cfg.get("heartbeat_interval", 1.0))
-        timeout = float(self.cfg.get("heartbeat_timeout", 15.0))
+        interval = float(self.cfg.heartbeat_interval)
+        timeout = float(self.cfg.heartbeat_timeout)
         client = self._driver()
         last_ok = time.monotonic()
         while not self.driver_lost.is_set():
@@ -210,19 +213,19 @@ class _Node:
     def run(self) -> int:
         from dataplane.rpc import bind_port
 
-        host = self.cfg["bind_host"]
-        rng = self.cfg.get("port_range")
+        host = self.cfg.bind_host
+        rng = self.cfg.port_range
         try:
             self.server = self._bind_flight(host)
-            tf_sock = bind_port(host, tuple(rng) if rng else None)
+            tf_sock = bind_port(host, rng)
             tb_sock = None
-            if self.cfg.get("tensorboard"):
-                tb_sock = bind_port(host, tuple(rng) if rng else None)
+            if self.cfg.tensorboard:
+                tb_sock = bind_port(host, rng)
             client = self._driver()
             reg = {
                 "host": host,
                 "flight_port": self.server.port,
-                "flight_scheme": "grpc+tls" if self.cfg.get("tls") else "grpc",
+                "flight_scheme": self.cfg.scheme,
                 "tf_port": tf_sock.getsockname()[1],
                 "tensorboard_port": tb_sock.getsockname()[1] if tb_sock else None,
                 "pid": os.getpid(),
@@ -249,7 +252,7 @@ class _Node:
         me = topology.node(self.node_id)
         tf_sock.close()
         os.environ["TF_CONFIG"] = json.dumps(topology.tf_config(me))
-        log_dir = self.cfg.get("log_dir")
+        log_dir = self.cfg.log_dir
         tb_error = None
         if tb_sock is not None and me.role == "chief":
             tb_port = tb_sock.getsockname()[1]
@@ -270,7 +273,7 @@ class _Node:
     def _watchdog(self) -> None:
         """After a stop request, give main ``stop_grace`` seconds, then leave regardless."""
         self.stop_event.wait()
-        if not self.main_finished.wait(float(self.cfg.get("stop_grace", 10.0))):
+        if not self.main_finished.wait(float(self.cfg.stop_grace)):
             logger.warning("node %d: main did not return after stop; exiting anyway", self.node_id)
             try:
                 self._action(self._driver(), "done", {"exiting": True}, timeout=5.0)
@@ -281,7 +284,7 @@ class _Node:
     def _wait_topology(self, client):  # type: ignore[no-untyped-def]
         from dataplane.topology import Topology
 
-        deadline = time.monotonic() + float(self.cfg.get("reservation_timeout", 120.0)) + 30
+        deadline = time.monotonic() + float(self.cfg.reservation_timeout) + 30
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:
                 reply = self._action(client, "wait_spec", {"wait": 5.0}, timeout=20.0)
@@ -342,7 +345,7 @@ class _Node:
                 buffer=self.buffer,
                 broker=self.broker,
                 log_dir=log_dir,
-                default_fs=self.cfg.get("default_fs", "file:///"),
+                default_fs=self.cfg.default_fs,
                 stop_event=self.stop_event,
             )
             main(args, ctx)
