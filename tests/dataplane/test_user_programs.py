@@ -1,0 +1,363 @@
+"""Training programs a user would write, run against the push path end to end.
+
+Each test starts one cluster, runs ``cluster.train`` calls whose node programs read the pushed
+data in one user-style way, and checks the books on both sides: the ids the program saw
+(checksummed when it read everything), the rows the nodes handed to TensorFlow
+(``metrics()['rows_out']``), and ``rows_unconsumed`` + ``dropped_for_balance`` from the report,
+which must add up to ``report.rows``. Every call must end far within its ``feed_timeout``;
+failures must be typed, quick, and leave no node process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dataplane
+from dataplane.errors import NodeError
+from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
+
+pytestmark = pytest.mark.cluster
+
+FEED_TIMEOUT = 60.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the node program: one scenario per cluster.train call, written the way users write loops
+
+
+def _write(path: str, obj) -> None:  # type: ignore[no-untyped-def]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _ids(batch) -> list[int]:  # type: ignore[no-untyped-def]
+    f = batch[0] if isinstance(batch, tuple) else batch
+    return [int(i) for i in f["id"].numpy().reshape(-1)]
+
+
+def user_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    scenarios = args["scenarios"]
+    keras_needed = any(sc["pattern"] == "fit_repeat_validation" for sc in scenarios)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if keras_needed and ctx.num_workers > 1 else None
+    out_dir = args["dir"]
+    for j, sc in enumerate(scenarios):
+        pattern, bs = sc["pattern"], sc.get("batch_size", 32)
+        rec: dict = {"train": [], "validation": []}
+        path = os.path.join(out_dir, f"node{ctx.node_id}-s{j}.json")
+        if pattern == "fit_repeat_validation":
+            import tf_keras as keras
+
+            lock = threading.Lock()
+            seen = {"train": [], "validation": []}
+
+            def recorder(split):  # type: ignore[no-untyped-def]
+                def record(ids, x):  # type: ignore[no-untyped-def]
+                    with lock:
+                        seen[split].extend(int(i) for i in ids.numpy().reshape(-1))
+                    return x
+
+                def to_xy(f, y):  # type: ignore[no-untyped-def]
+                    x = tf.py_function(record, [f["id"], f["x"]], tf.float32)
+                    x.set_shape(f["x"].shape)
+                    return x, y
+
+                return to_xy
+
+            train = ctx.dataset(bs, features=["id", "x"], label="label", repeat=True)
+            val = ctx.dataset(bs, features=["id", "x"], label="label", split="validation",
+                              repeat=sc.get("val_repeat", False))
+            with strategy.scope() if strategy is not None else _Null():
+                model = keras.Sequential([keras.layers.Input((sc["width"],)), keras.layers.Dense(2)])
+                model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            hist = model.fit(train.map(recorder("train")), validation_data=val.map(recorder("validation")),
+                             epochs=sc["fit_epochs"], steps_per_epoch=sc["k"],
+                             validation_steps=sc["j"], verbose=0)
+            rec = {"train": [seen["train"]], "validation": [seen["validation"]],
+                   "val_loss": [float(v) for v in hist.history["val_loss"]]}
+            _write(path, rec)
+            continue
+        ds = ctx.dataset(bs, features=["id", "x"], label="label") if pattern != "validation_only" else None
+        val = ctx.dataset(bs, features=["id", "x"], label="label", split="validation") \
+            if sc.get("validation") or pattern == "validation_only" else None
+        for e in range(sc["read_epochs"]):
+            if ds is not None:
+                ids: list[int] = []
+                for i, b in enumerate(ds):
+                    if pattern == "raise_in_replay" and e == 1 and i == 3 and ctx.node_id == sc["node"]:
+                        _write(path, rec)
+                        raise ValueError(f"user bug in epoch {e} on node {ctx.node_id}")
+                    ids.extend(_ids(b))
+                rec["train"].append(ids)
+            if val is not None:
+                ids = []
+                for i, b in enumerate(val):
+                    if pattern == "raise_in_validation" and i == 1 and ctx.node_id == sc["node"]:
+                        _write(path, rec)
+                        raise ValueError(f"user bug in validation on node {ctx.node_id}")
+                    ids.extend(_ids(b))
+                rec["validation"].append(ids)
+        _write(path, rec)
+        if pattern == "return_early":
+            return
+    if args.get("serve"):
+        ctx.serve(lambda b: {"y": np.asarray(b["id"], np.float64) * 2.0})
+
+
+class _Null:
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *a):  # type: ignore[no-untyped-def]
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# driver-side helpers
+
+
+def _frame(spark, start: int, rows: int, parts: int, width: int = 4):  # type: ignore[no-untyped-def]
+    x = ", ".join(f"cast(id * {k} as float)" for k in range(1, width + 1))
+    return spark.range(start, start + rows, 1, parts).selectExpr(
+        "id", f"array({x}) as x", "cast(id % 2 as int) as label"
+    )
+
+
+def _rows_out(cluster) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    return {n: m["rows_out"] for n, m in cluster.metrics().items()}
+
+
+def _balanced(cluster, report, before) -> int:  # type: ignore[no-untyped-def]
+    """The nodes' own count of rows handed to TF, checked against the report's books."""
+    after = _rows_out(cluster)
+    handed = sum(after[n] - before.get(n, 0) for n in after)
+    assert handed + sum(report.rows_unconsumed.values()) + report.dropped_for_balance == report.rows, (handed, report)
+    return handed
+
+
+def _full_epochs(seen, workers, split, ids, epochs):  # type: ignore[no-untyped-def]
+    """Every row once per epoch across the workers (less what was dropped for balance)."""
+    want = set(ids)
+    for e in range(epochs):
+        per = [seen[n][split][e] for n in workers]
+        assert len({len(p) for p in per}) == 1, (split, e, [len(p) for p in per])
+        union = [i for p in per for i in p]
+        assert len(union) == len(set(union)), (split, e)
+        assert set(union) <= want and len(want) - len(union) < len(workers), (split, e, len(union))
+
+
+def _stop(cluster, pids) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    try:
+        cluster.shutdown(timeout=30)
+    finally:
+        assert time.monotonic() - t0 < 30
+        wait_gone(pids, 30)
+        assert node_processes(cluster.cluster_id) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the programs
+
+
+def test_mwms_fit_on_repeated_cached_shuffled_splits_with_validation_steps(spark, tmp_path):
+    """fit(train, validation_data=val, epochs=3, steps_per_epoch=k, validation_steps=j) on
+    ``repeat=True`` datasets of a cached, shuffled push with a validation DataFrame."""
+    rows, val_rows, width, bs, k, j = 1200, 300, 4, 32, 10, 3
+    sc = {"pattern": "fit_repeat_validation", "batch_size": bs, "width": width, "k": k, "j": j, "fit_epochs": 3}
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": [sc]}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df, val = _frame(spark, 0, rows, 3, width), _frame(spark, 100_000, val_rows, 2, width)
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(df, 3, FEED_TIMEOUT, cache=True, shuffle=True, seed=3, validation=val)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
+        assert report.spark_jobs == 2
+        handed = _balanced(cluster, report, before)
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        for n in workers:
+            tr, va = seen[n]["train"][0], seen[n]["validation"][0]
+            # each worker took k steps a fit epoch and j validation steps a validation pass, of
+            # bs / 2 rows each (under MWMS the dataset's batch is the global batch: Keras
+            # rebatches it over the 2 replicas); Keras may read ahead, never less; ids from the
+            # right DataFrame only
+            assert 3 * k * bs // 2 <= len(tr) and all(0 <= i < rows for i in tr), (n, len(tr))
+            assert 3 * j * bs // 2 <= len(va) and all(100_000 <= i < 100_000 + val_rows for i in va), (n, len(va))
+            assert len(seen[n]["val_loss"]) == 3 and all(np.isfinite(seen[n]["val_loss"]))
+        assert sum(len(seen[n]["train"][0]) + len(seen[n]["validation"][0]) for n in workers) <= handed
+        # fit stopped after 3 * k steps, far short of the 3 pushed epochs: the rest was refused
+        assert sum(report.rows_unconsumed.values()) > 0, report
+    finally:
+        _stop(cluster, pids)
+
+
+def test_two_trains_cached_then_uncached_then_inference(spark, tmp_path):
+    """Two DataFrames trained one after the other on one cluster (the first cached, the second
+    not), every epoch read to its end, then inference on the same cluster."""
+    a_rows, b_rows = 900, 500
+    scenarios = [{"pattern": "full", "read_epochs": 2, "batch_size": 32},
+                 {"pattern": "full", "read_epochs": 2, "batch_size": 50}]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios, "serve": True},
+                            num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        for j, (df, rows, cache) in enumerate([(_frame(spark, 0, a_rows, 3), a_rows, True),
+                                                (_frame(spark, 50_000, b_rows, 2), b_rows, False)]):
+            before = _rows_out(cluster)
+            t0 = time.monotonic()
+            report = cluster.train(df, 2, FEED_TIMEOUT, cache=cache, shuffle=cache, seed=1)
+            assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+            assert report.rows == 2 * rows and report.spark_jobs == (1 if cache else 2), report
+            handed = _balanced(cluster, report, before)
+            assert report.rows_unconsumed == {}, report
+            seen = {n: wait_json(tmp_path / f"node{n}-s{j}.json") for n in workers}
+            start = 0 if j == 0 else 50_000
+            _full_epochs(seen, workers, "train", range(start, start + rows), 2)
+            assert sum(len(e) for n in workers for e in seen[n]["train"]) == handed
+        out = cluster.inference(spark.range(0, 300, 1, 3), passthrough=("id",)).collect()
+        assert sorted((r["id"], r["y"]) for r in out) == [(i, 2.0 * i) for i in range(300)]
+    finally:
+        _stop(cluster, pids)
+
+
+def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(spark, tmp_path):
+    """Partitions that are empty, one partition, fifty partitions; then a main that reads one
+    of three cached epochs and returns."""
+    frames = [
+        # (rows, partitions, how): empty partitions from a filter on a range
+        (600, 6, "empty"), (437, 1, None), (1000, 50, None),
+    ]
+    scenarios = [{"pattern": "full", "read_epochs": 2, "batch_size": 32} for _ in frames]
+    scenarios.append({"pattern": "return_early", "read_epochs": 1, "batch_size": 32})
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        for j, (rows, parts, how) in enumerate(frames):
+            df = _frame(spark, 0, rows, parts)
+            if how == "empty":  # partitions 0, 2, 4 keep their rows; 1, 3, 5 become empty
+                df = df.where(f"floor(id / {rows // parts}) % 2 = 0")
+                want = [i for i in range(rows) if (i // (rows // parts)) % 2 == 0]
+            else:
+                want = list(range(rows))
+            before = _rows_out(cluster)
+            report = cluster.train(df, 2, FEED_TIMEOUT, cache=j == 2)
+            assert report.rows == 2 * len(want), (j, report)
+            handed = _balanced(cluster, report, before)
+            seen = {n: wait_json(tmp_path / f"node{n}-s{j}.json") for n in workers}
+            _full_epochs(seen, workers, "train", want, 2)
+            assert sum(len(e) for n in workers for e in seen[n]["train"]) == handed
+        rows = 800
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(_frame(spark, 0, rows, 2), 3, FEED_TIMEOUT, cache=True)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        handed = _balanced(cluster, report, before)
+        seen = {n: wait_json(tmp_path / f"node{n}-s3.json") for n in workers}
+        _full_epochs(seen, workers, "train", range(rows), 1)
+        assert handed == sum(len(seen[n]["train"][0]) for n in workers)
+        assert report.rows == 3 * rows and sum(report.rows_unconsumed.values()) == 3 * rows - handed - report.dropped_for_balance
+        assert any("returned from main" in m for m in report.messages), report.messages
+    finally:
+        _stop(cluster, pids)
+
+
+def test_main_reading_only_the_validation_split(spark, tmp_path):
+    rows, val_rows = 700, 300
+    scenarios = [{"pattern": "validation_only", "read_epochs": 2, "batch_size": 16}]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(_frame(spark, 0, rows, 2), 2, FEED_TIMEOUT, cache=True,
+                               validation=_frame(spark, 100_000, val_rows, 2))
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        handed = _balanced(cluster, report, before)
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        _full_epochs(seen, workers, "validation", range(100_000, 100_000 + val_rows), 2)
+        assert handed == sum(len(e) for n in workers for e in seen[n]["validation"])
+        assert report.rows_per_split == {"train": 2 * rows, "validation": 2 * val_rows}
+        assert sum(report.rows_unconsumed.values()) == 2 * rows + 2 * val_rows - handed - report.dropped_for_balance
+    finally:
+        _stop(cluster, pids)
+
+
+def test_big_rows_tiny_buffer_everything_spilled(spark, tmp_path):
+    """~200 KiB rows, a buffer of about two rows and cache_bytes=0: every cached batch goes to
+    disk, three shuffled epochs replayed from it, with validation."""
+    width, rows, val_rows = 51_200, 40, 12  # 51,200 float32 = 200 KiB a row
+    scenarios = [{"pattern": "full", "read_epochs": 3, "batch_size": 4, "validation": True}]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2,
+                            buffer_bytes=512 * 1024, max_chunk_bytes=256 * 1024, cache_bytes=0)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        x = f"transform(sequence(1, {width}), i -> cast(id + i as float))"
+
+        def big(start, n, parts):  # type: ignore[no-untyped-def]
+            return spark.range(start, start + n, 1, parts).selectExpr("id", f"{x} as x", "cast(id % 2 as int) as label")
+
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(big(0, rows, 4), 3, FEED_TIMEOUT, cache=True, shuffle=True, seed=5,
+                               validation=big(1000, val_rows, 2))
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert report.rows == 3 * (rows + val_rows) and report.spark_jobs == 2
+        handed = _balanced(cluster, report, before)
+        assert report.rows_unconsumed == {}
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        _full_epochs(seen, workers, "train", range(rows), 3)
+        _full_epochs(seen, workers, "validation", range(1000, 1000 + val_rows), 3)
+        assert handed == sum(len(e) for n in workers for s in ("train", "validation") for e in seen[n][s])
+        m = cluster.metrics()
+        for n in workers:
+            assert m[n]["cache_memory_bytes"] == 0 and m[n]["cache_spilled_bytes"] > 0, m[n]
+    finally:
+        _stop(cluster, pids)
+
+
+@pytest.mark.parametrize("where", ["raise_in_replay", "raise_in_validation"])
+def test_main_raising_in_a_cached_replay_or_in_validation(spark, tmp_path, where):
+    rows, val_rows = 2000, 600
+    scenarios = [{"pattern": where, "read_epochs": 3, "batch_size": 16, "node": 1,
+                  "validation": where == "raise_in_validation"}]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NodeError) as info:
+            cluster.train(_frame(spark, 0, rows, 2), 3, FEED_TIMEOUT, cache=True,
+                          validation=_frame(spark, 100_000, val_rows, 2) if where == "raise_in_validation" else None)
+        took = time.monotonic() - t0
+        assert took < 15, took
+        assert info.value.node.node_id == 1
+        text = "user bug in epoch 1 on node 1" if where == "raise_in_replay" else "user bug in validation on node 1"
+        assert f"ValueError: {text}" in info.value.remote_traceback
+        assert "main raised" in str(info.value), str(info.value)
+        t1 = time.monotonic()
+        with pytest.raises(NodeError):
+            cluster.shutdown(timeout=20)
+        assert time.monotonic() - t1 < 20
+    finally:
+        try:
+            cluster.shutdown(timeout=20)  # a no-op once shut down
+        except NodeError:
+            pass
+        wait_gone(pids, 15)
+    assert node_processes(cluster.cluster_id) == []
