@@ -205,6 +205,16 @@ def push_dataset(
 
     if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if repeat and split == "validation":
+        # Keras starts a new pass over validation data every epoch (a new iterator), so a
+        # validation stream would lose what tf.data had read ahead at each drop and then wait
+        # for epochs that were never pushed.
+        raise ValueError(
+            "ctx.dataset(split='validation', repeat=True): validation rows are pushed as one "
+            "pass per training epoch, and Keras reads validation_data with a new pass every "
+            "epoch; drop repeat=True (validation_steps= still works: the rest of that epoch's "
+            "validation rows is refused)."
+        )
     if next_epoch is None:
         next_epoch = lambda: buffer.claim_epoch(split)  # noqa: E731
     info: EpochInfo | None = buffer.peek_epoch(split, first_epoch_timeout)

@@ -136,7 +136,8 @@ class NodeContext:
                 whose length is the same in every row are dense ``[batch, n]`` without this.
             fill_values: values replacing nulls per column (default: a null is an error).
             prefetch: batches prepared ahead of the training step.
-            repeat: one stream over every pushed epoch (see above).
+            repeat: one stream over every pushed epoch (see above); ``split="train"`` only,
+                since Keras starts a new pass over validation data every epoch.
             split: ``"train"`` (the default) or ``"validation"``: the rows of
                 ``cluster.train(..., validation=df_val)``, one pass per epoch.
             decode: binary columns to decode on the node, inside tf.data and in parallel:
@@ -146,7 +147,8 @@ class NodeContext:
                 with an error naming the column and the row.
 
         Raises:
-            ValueError: ``batch_size`` not positive, or ``label`` also in ``features``.
+            ValueError: ``batch_size`` not positive, ``label`` also in ``features``, or
+                ``repeat=True`` with ``split="validation"``.
             SchemaError: a named column is missing or cannot be held by a tensor.
         """
         if self.worker_index is None:

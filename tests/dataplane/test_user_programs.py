@@ -175,7 +175,10 @@ def test_mwms_fit_on_repeated_cached_shuffled_splits_with_validation_steps(spark
     ``repeat=True`` datasets of a cached, shuffled push with a validation DataFrame."""
     rows, val_rows, width, bs, k, j = 1200, 300, 4, 32, 10, 3
     sc = {"pattern": "fit_repeat_validation", "batch_size": bs, "width": width, "k": k, "j": j, "fit_epochs": 3}
-    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": [sc]}, num_nodes=2)
+    # then the same program with a repeat=True validation stream, which Keras cannot read (it
+    # starts a new pass every epoch): it hung until feed_timeout; now ctx.dataset refuses it
+    scenarios = [sc, dict(sc, val_repeat=True)]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
     workers = [n.node_id for n in cluster.nodes]
     pids = [n.pid for n in cluster.nodes]
     try:
@@ -200,8 +203,20 @@ def test_mwms_fit_on_repeated_cached_shuffled_splits_with_validation_steps(spark
         assert sum(len(seen[n]["train"][0]) + len(seen[n]["validation"][0]) for n in workers) <= handed
         # fit stopped after 3 * k steps, far short of the 3 pushed epochs: the rest was refused
         assert sum(report.rows_unconsumed.values()) > 0, report
+
+        t0 = time.monotonic()
+        with pytest.raises(NodeError) as info:
+            cluster.train(df, 3, FEED_TIMEOUT, cache=True, validation=val)
+        assert time.monotonic() - t0 < 15
+        assert "ValueError: ctx.dataset(split='validation', repeat=True)" in info.value.remote_traceback
+        assert "drop repeat=True" in info.value.remote_traceback
     finally:
-        _stop(cluster, pids)
+        try:
+            _stop(cluster, pids)
+        except NodeError as e:  # the second program's error, raised again at shutdown
+            assert "repeat=True" in e.remote_traceback
+            wait_gone(pids, 30)
+            assert node_processes(cluster.cluster_id) == []
 
 
 def test_two_trains_cached_then_uncached_then_inference(spark, tmp_path):

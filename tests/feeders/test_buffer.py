@@ -191,3 +191,16 @@ def test_pushed_narrow_rows_come_out_in_exact_batches():
         np.testing.assert_array_equal(np.concatenate(xs), got.astype(np.float32) / 2)
         np.testing.assert_array_equal(np.concatenate(flags), got % 2 == 0)
         assert features["x"].dtype.name == "float32" and label.dtype.name == "bool"
+
+
+def test_a_validation_split_cannot_be_one_stream():
+    # Keras starts a new pass over validation_data every epoch: a repeat=True validation stream
+    # would lose its read-ahead at each drop and then wait for epochs that never come (found by
+    # a fit(validation_data=..., validation_steps=3) program under MWMS that hung).
+    from feeders.source import push_dataset
+
+    buf = FeedBuffer(1 << 20)
+    with pytest.raises(ValueError, match=r"split='validation', repeat=True.*drop repeat=True"):
+        push_dataset(buf, batch_size=8, num_workers=2, split="validation", repeat=True)
+    # raised at once: nothing was announced, and the call did not wait for an epoch
+    assert buf.snapshot()["epochs_begun"] == 0
