@@ -404,6 +404,15 @@ class Feeder:
             pending.pop(0)
             left_early: dict[int, int] = {}
             returned: dict[int, int] = {}
+            pushed = sum(ep.assigned.values())
+            if ep.limit == 0 and pushed and len(ep.reading) > 1:
+                msg = (
+                    f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} "
+                    f"workers leave some worker none, so every worker yielded none (each yields "
+                    f"the smallest worker's share); push at least one row per worker."
+                )
+                report.messages.append(msg)
+                logger.warning(msg)
             for n in ep.workers:
                 nid, st = n.node_id, states[n.node_id]
                 assigned = ep.assigned.get(nid, 0)

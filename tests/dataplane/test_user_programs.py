@@ -255,6 +255,8 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
     frames = [
         # (rows, partitions, how): empty partitions from a filter on a range
         (600, 6, "empty"), (437, 1, None), (1000, 50, None),
+        # one row for two workers: each yields the smallest share, none (the report says so)
+        (1, 1, None),
     ]
     scenarios = [{"pattern": "full", "read_epochs": 2, "batch_size": 32} for _ in frames]
     scenarios.append({"pattern": "return_early", "read_epochs": 1, "batch_size": 32})
@@ -276,13 +278,19 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
             seen = {n: wait_json(tmp_path / f"node{n}-s{j}.json") for n in workers}
             _full_epochs(seen, workers, "train", want, 2)
             assert sum(len(e) for n in workers for e in seen[n]["train"]) == handed
+            empty = [m for m in report.messages if "leave some worker none" in m]
+            if rows == 1:
+                assert handed == 0 and report.dropped_for_balance == 2, report
+                assert len(empty) == 2 and "its 1 row(s) over 2 workers" in empty[0], report.messages
+            else:
+                assert empty == [], report.messages
         rows = 800
         before = _rows_out(cluster)
         t0 = time.monotonic()
         report = cluster.train(_frame(spark, 0, rows, 2), 3, FEED_TIMEOUT, cache=True)
         assert time.monotonic() - t0 < FEED_TIMEOUT / 2
         handed = _balanced(cluster, report, before)
-        seen = {n: wait_json(tmp_path / f"node{n}-s3.json") for n in workers}
+        seen = {n: wait_json(tmp_path / f"node{n}-s{len(frames)}.json") for n in workers}
         _full_epochs(seen, workers, "train", range(rows), 1)
         assert handed == sum(len(seen[n]["train"][0]) for n in workers)
         assert report.rows == 3 * rows and sum(report.rows_unconsumed.values()) == 3 * rows - handed - report.dropped_for_balance
