@@ -155,6 +155,19 @@ def _train_lines(sc: dict[str, Any], targets: dict[str, Any]) -> list[str]:
                 f"- {where}: Keras fit for {sc.get('epochs')} epochs fed by flight-push-cache runs "
                 f"at {t['ratio']:.2f}x {other} (target >= {t.get('target')}x: {verdict})"
             )
+    b = sc.get("bound")
+    if b:
+        ours = f"; flight-push-cache is at {b['ours_of_best']:.0%} of it" if b.get("ours_of_best") else ""
+        out.append(
+            f"- {where}: bound: Spark alone hands the rows to Python in "
+            f"{b['spark_handoff_seconds']:.2f} s ({b['spark_handoff_core_seconds']:.2f} core-s), so "
+            f"on {b['cores']} cores no feed passes {b['best_cache_vs_in_memory']:.2f}x in-memory at "
+            f"{sc.get('epochs')} epochs{ours}"
+        )
+    if sc.get("in_memory_vs_petastorm_converter"):
+        out.append(f"- {where}: in-memory tensors (no feed at all) run at "
+                   f"{sc['in_memory_vs_petastorm_converter']:.2f}x petastorm-converter: the most "
+                   f"any feed can reach against it here")
     for node, n in ((sc.get("cache_memory") or {}).get("nodes") or {}).items():
         if "error" in n:
             continue
