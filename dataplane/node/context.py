@@ -122,7 +122,9 @@ class NodeContext:
 
         ``repeat=True`` yields the pushed epochs back to back as one dataset, for
         ``fit(ds, epochs=E, steps_per_epoch=k)`` (each epoch is batched on its own, so batch
-        counts stay equal across workers); it ends when the cluster shuts down.
+        counts stay equal across workers); it ends when the cluster shuts down. When it is
+        dropped (``fit`` returns), the epochs it never reached are closed, so ``train`` can
+        return; iterating it again reads only epochs pushed after that.
 
         Blocks until the driver starts the first ``train`` (the tensor specs come from the
         pushed DataFrame's schema).
