@@ -266,8 +266,6 @@ class PagedChunks:
 
     def _arrow_rows(self, group: "_Group", skip: int) -> Iterator[dict[str, Any]]:
         """Row group ``group.g`` from row ``skip`` on, read and converted by pyarrow."""
-        import pyarrow.parquet as pq
-
         try:
             table = group.file.read_row_group(group.g, self.names).slice(skip)
         except (OSError, pa.ArrowInvalid) as exc:
