@@ -54,6 +54,14 @@ def loops_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         pattern, epochs, k, bs = sc["pattern"], sc["epochs"], sc["k"], sc["batch_size"]
         seen = _Seen()
         ds = ctx.dataset(bs, features=["id", "x"], label="label", repeat=pattern == "fit_steps")
+        steps = {"train": 0, "test": 0}  # the steps Keras ran (the ids a map saw include read-ahead)
+
+        class Steps(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+                steps["train"] += 1
+
+            def on_test_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+                steps["test"] += 1
 
         def model_and_data(d):  # type: ignore[no-untyped-def]
             def record(ids, x):  # type: ignore[no-untyped-def]
@@ -90,24 +98,25 @@ def loops_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
                 seen.next_epoch()
         elif pattern == "fit_steps":
             model, data = model_and_data(ds)
-            model.fit(data, epochs=sc["fit_epochs"], steps_per_epoch=k, verbose=0)
+            model.fit(data, epochs=sc["fit_epochs"], steps_per_epoch=k, verbose=0, callbacks=[Steps()])
         elif pattern == "evaluate_steps":
             model, data = model_and_data(ds)
             for _ in range(epochs // 2):
-                model.fit(data, epochs=1, verbose=0)
+                model.fit(data, epochs=1, verbose=0, callbacks=[Steps()])
                 seen.next_epoch()
-                model.evaluate(data, steps=k, verbose=0)
+                model.evaluate(data, steps=k, verbose=0, callbacks=[Steps()])
                 seen.next_epoch()
         elif pattern == "fit_validation_pull":
             model, data = model_and_data(ds)
             val = feeders.parquet_dataset(sc["validation"], batch_size=bs, columns=["x", "label"],
                                           label="label").map(lambda f, y: (f["x"], y))
-            hist = model.fit(data, epochs=epochs, validation_data=val, verbose=0)
+            hist = model.fit(data, epochs=epochs, validation_data=val, verbose=0, callbacks=[Steps()])
             seen.val_loss = [float(v) for v in hist.history["val_loss"]]  # type: ignore[attr-defined]
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
         out = seen.result()
         out["val_loss"] = getattr(seen, "val_loss", None)
+        out["steps"] = steps
         _write(os.path.join(args["dir"], f"node{ctx.node_id}-s{j}.json"), out)
 
 
