@@ -46,10 +46,12 @@ class NodeShutdown(BaseException):
 
 
 def spawn_detached(config_path: str, ready_fd: int, env: dict[str, str]) -> int:
-    """Start the node as a grandchild reparented away from the Spark worker; returns at once.
+    """Start the node reparented away from the Spark worker; returns at once.
 
     The intermediate process exits immediately, so the node never becomes a zombie of a
-    long-lived Python worker. Returns the intermediate's exit code.
+    long-lived Python worker; it leaves the node running under its reaper
+    (:mod:`dataplane.node.reaper`), which removes the node's work directory when it ends.
+    Returns the intermediate's exit code.
     """
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataplane.node.process", "--detach", config_path, str(ready_fd)],
@@ -62,17 +64,20 @@ def spawn_detached(config_path: str, ready_fd: int, env: dict[str, str]) -> int:
 
 
 def _detach(config_path: str, ready_fd: int) -> None:
+    # The node runs under a reaper (dataplane/node/reaper.py), which removes the work directory
+    # after it even when the node is killed outright.
     workdir = os.path.dirname(config_path)
-    log = open(os.path.join(workdir, "node.log"), "ab", buffering=0)
-    subprocess.Popen(
-        [sys.executable, "-m", "dataplane.node.process", "--run", config_path, str(ready_fd)],
-        pass_fds=(ready_fd,),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-        close_fds=True,
-    )
+    with open(os.path.join(workdir, "node.log"), "ab", buffering=0) as log:
+        subprocess.Popen(
+            [sys.executable, "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py"),
+             config_path, str(ready_fd)],
+            pass_fds=(ready_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def _set_pdeathsig() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 import time
 
 import pytest
@@ -133,6 +134,8 @@ def test_a_node_killed_during_a_cached_replay_fails_train_quickly(spark, tmp_pat
             if m[victim.node_id]["epochs_consumed"] >= 1 and m[victim.node_id]["rows_out"] > 0:
                 break
             time.sleep(0.2)
+        workdirs = glob.glob(os.path.join(tempfile.gettempdir(), f"dataplane-{cluster.cluster_id}-node{victim.node_id}-*"))
+        assert len(workdirs) == 1 and os.path.exists(os.path.join(workdirs[0], "config.json")), workdirs
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
         t.join(60)
@@ -144,3 +147,9 @@ def test_a_node_killed_during_a_cached_replay_fails_train_quickly(spark, tmp_pat
         with pytest.raises(NodeError):
             cluster.shutdown(timeout=20)
         wait_gone(pids, 30)
+    # a node killed outright cannot clean up: its reaper removes the work directory (the
+    # cluster's secret in config.json, the cache) once it is gone
+    deadline = time.monotonic() + 10
+    while os.path.exists(workdirs[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(workdirs[0]), os.listdir(workdirs[0])
