@@ -439,6 +439,13 @@ class Feeder:
                     f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "
                     f"was still being pushed; {sum(returned.values())} row(s) were not consumed."
                 )
+                if all(states[nid].emitted == 0 for nid in returned):
+                    msg += (
+                        " Their main read fewer passes than train(num_epochs=...) pushed: "
+                        "fit(epochs=) below num_epochs, or a Dataset.cache() over ctx.dataset "
+                        "(TensorFlow then reads the feed once). To push once and train many "
+                        "epochs, use train(..., cache=True)."
+                    )
                 report.messages.append(msg)
                 logger.warning(msg)
             if left_early:

@@ -88,6 +88,8 @@ def user_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             _write(path, rec)
             continue
         ds = ctx.dataset(bs, features=["id", "x"], label="label") if pattern != "validation_only" else None
+        if pattern == "tf_cache":  # TensorFlow's own cache: it reads the feed's first pass only
+            ds = ds.cache()
         val = ctx.dataset(bs, features=["id", "x"], label="label", split="validation") \
             if sc.get("validation") or pattern == "validation_only" else None
         for e in range(sc["read_epochs"]):
@@ -108,7 +110,7 @@ def user_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
                     ids.extend(_ids(b))
                 rec["validation"].append(ids)
         _write(path, rec)
-        if pattern == "return_early":
+        if pattern in ("return_early", "tf_cache"):
             return
     if args.get("serve"):
         ctx.serve(lambda b: {"y": np.asarray(b["id"], np.float64) * 2.0})
@@ -294,7 +296,38 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
         _full_epochs(seen, workers, "train", range(rows), 1)
         assert handed == sum(len(seen[n]["train"][0]) for n in workers)
         assert report.rows == 3 * rows and sum(report.rows_unconsumed.values()) == 3 * rows - handed - report.dropped_for_balance
-        assert any("returned from main" in m for m in report.messages), report.messages
+        returned = [m for m in report.messages if "returned from main" in m]
+        # epochs 1 and 2 were never read at all: the message says why that happens and the fix
+        assert [m.split(":")[0] for m in returned if "train(..., cache=True)" in m] == [
+            f"epoch {report.epochs[1]}", f"epoch {report.epochs[2]}"], report.messages
+    finally:
+        _stop(cluster, pids)
+
+
+def test_tensorflow_cache_over_the_feed_reads_one_pushed_epoch(spark, tmp_path):
+    """``ctx.dataset(...).cache()`` then three passes, under ``train(df, 3)``: TensorFlow
+    replays its own copy of the first pass, so the two later pushed epochs are never read; the
+    call still ends at once and says so, pointing at ``train(cache=True)``."""
+    rows = 500
+    scenarios = [{"pattern": "tf_cache", "read_epochs": 3, "batch_size": 20}]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(_frame(spark, 0, rows, 3), 3, FEED_TIMEOUT)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        handed = _balanced(cluster, report, before)
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        _full_epochs(seen, workers, "train", range(rows), 1)
+        for n in workers:  # the later passes are TensorFlow's copy of the first, in its order
+            assert seen[n]["train"][1] == seen[n]["train"][0] == seen[n]["train"][2]
+        assert handed == sum(len(seen[n]["train"][0]) for n in workers)
+        assert report.rows == 3 * rows and report.spark_jobs == 3
+        assert sum(report.rows_unconsumed.values()) == 3 * rows - handed - report.dropped_for_balance
+        hints = [m for m in report.messages if "Dataset.cache()" in m and "cache=True" in m]
+        assert [m.split(":")[0] for m in hints] == [f"epoch {e}" for e in report.epochs[1:]], report.messages
     finally:
         _stop(cluster, pids)
 
