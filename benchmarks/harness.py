@@ -46,6 +46,7 @@ __all__ = [
     "run_scenario",
     "run_bench",
     "wait_until_idle",
+    "cpu_times",
 ]
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _cpu_times() -> tuple[int, int] | None:
+def cpu_times() -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs from /proc/stat, or None where there is none."""
     try:
         with open("/proc/stat") as f:
@@ -214,12 +215,12 @@ def wait_until_idle(*, busy_below: float = 0.15, window: float = 0.2, timeout: f
     /proc/stat it returns at once).
     """
     start = time.monotonic()
-    before = _cpu_times()
+    before = cpu_times()
     if before is None:
         return 0.0
     while time.monotonic() - start < timeout:
         time.sleep(window)
-        after = _cpu_times()
+        after = cpu_times()
         if after is None:
             break
         busy, total = after[0] - before[0], after[1] - before[1]

@@ -1,11 +1,14 @@
-"""What a scenario hands the harness: the paths to time, each a callable doing one repetition."""
+"""What a scenario hands the harness: the paths to time, each a callable doing one repetition,
+and :func:`count_partition`, the row-counting ``mapInArrow`` function several paths share."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
-__all__ = ["BenchPath"]
+__all__ = ["BenchPath", "COUNT_SCHEMA", "count_partition"]
+
+COUNT_SCHEMA = "n long"
 
 
 @dataclass
@@ -30,3 +33,16 @@ class BenchPath:
     nbytes: int = 0
     unavailable: str | None = None
     close: Callable[[], None] | None = None
+
+
+def count_partition(batches: Iterator[Any]) -> Iterator[Any]:
+    """``mapInArrow`` function: one row, ``n`` (:data:`COUNT_SCHEMA`), the partition's row count.
+
+    Use as ``sum(r.n for r in df.mapInArrow(count_partition, COUNT_SCHEMA).collect())``.
+    """
+    import pyarrow as pa
+
+    n = 0
+    for b in batches:
+        n += b.num_rows
+    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})

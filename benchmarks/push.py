@@ -43,7 +43,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from benchmarks.paths import BenchPath
+from benchmarks.paths import COUNT_SCHEMA, BenchPath, count_partition
+from benchmarks.tfos_util import start_tfos_cluster
 
 __all__ = ["TABLES", "TFOS_MAX_ROWS", "BATCH_SIZE", "build", "extra"]
 
@@ -53,7 +54,8 @@ BATCH_SIZE = 1024
 SLOW_FACTOR = 10
 MEMORY_MIN_BUFFER = 256 * 1024
 MEMORY_CHUNK = 64 * 1024
-_COUNT_SCHEMA = "n long"
+# the old private names, still imported from here by benchmarks.userdata_push
+_COUNT_SCHEMA, _count_partition = COUNT_SCHEMA, count_partition
 
 
 # ---------------------------------------------------------------- node and executor side
@@ -128,13 +130,6 @@ def count_main(args: dict[str, Any], ctx: Any) -> None:
             "rss_start": rss_start, "rss_peak": rss_peak,
         })
         epoch += 1
-
-
-def _count_partition(batches):  # type: ignore[no-untyped-def]
-    n = 0
-    for b in batches:
-        n += b.num_rows
-    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
 
 
 class _FlightPutter:
@@ -342,7 +337,7 @@ class RawFlightPath:
         if self.proc is None:
             self._start()
         self._action("take")
-        sent = sum(r.n for r in self.df.mapInArrow(_FlightPutter(self.port), _COUNT_SCHEMA).collect())
+        sent = sum(r.n for r in self.df.mapInArrow(_FlightPutter(self.port), COUNT_SCHEMA).collect())
         received = int(self._action("take"))
         if received != sent:
             raise RuntimeError(f"raw Flight server received {received} rows, tasks sent {sent}")
@@ -373,29 +368,9 @@ class TFoSPath:
         self.fed = 0
 
     def _start(self) -> None:
-        from tensorflowonspark import TFCluster, reservation
-
-        os.environ["TFOS_SERVER_HOST"] = "127.0.0.1"
-        original = reservation.Server.start_listening_socket
-
-        def loopback_socket(server):  # type: ignore[no-untyped-def]
-            import socket
-
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(10)
-            return sock
-
-        # The driver-side reservation server binds every interface by default; loopback here.
-        reservation.Server.start_listening_socket = loopback_socket
-        try:
-            self.cluster = TFCluster.run(
-                self.sc, tfos_main, {"file": str(self.file), "batch_size": BATCH_SIZE},
-                1, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=180,
-            )
-        finally:
-            reservation.Server.start_listening_socket = original
+        self.cluster = start_tfos_cluster(
+            self.sc, tfos_main, {"file": str(self.file), "batch_size": BATCH_SIZE},
+        )
 
     def __call__(self) -> int:
         if self.cluster is None:
@@ -454,7 +429,7 @@ def build(env: Any) -> list[BenchPath]:
         BenchPath("flight-push", ours, kind="ours", nbytes=nbytes, close=ours.close),
         BenchPath(
             "spark-mapinarrow",
-            lambda: sum(r.n for r in count_df.mapInArrow(_count_partition, _COUNT_SCHEMA).collect()),
+            lambda: sum(r.n for r in count_df.mapInArrow(count_partition, COUNT_SCHEMA).collect()),
             kind="ceiling", nbytes=nbytes,
         ),
     ]

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.data import make_table
-from benchmarks.paths import BenchPath
+from benchmarks.paths import COUNT_SCHEMA, BenchPath, count_partition
 
 __all__ = [
     "TABLES", "BATCH_SIZE", "EPOCHS", "TARGET_RATIO", "TARGET_VS_PETASTORM", "TFOS_MAX_ROWS",
@@ -323,27 +323,18 @@ def _target(results: list[dict[str, Any]], other: str, target: float) -> dict[st
     return {"ratio": ratio, "target": target, "within_target": ratio >= target}
 
 
-def _count_rows(batches):  # type: ignore[no-untyped-def]
-    import pyarrow as pa
-
-    n = 0
-    for b in batches:
-        n += b.num_rows
-    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
-
-
 def _spark_handoff(env: Any, reps: int = 3) -> tuple[float, float] | None:
     """Spark's own cost of handing the train DataFrame to Python as Arrow: a bare
     ``mapInArrow`` that counts rows. Median (seconds, machine core-seconds from /proc/stat)."""
-    from benchmarks.harness import _cpu_times, wait_until_idle
+    from benchmarks.harness import cpu_times, wait_until_idle
 
     df = env.dataframe("mnist")
     runs = []
     for _ in range(reps):
         wait_until_idle()
-        before, t0 = _cpu_times(), time.perf_counter()
-        n = sum(r.n for r in df.mapInArrow(_count_rows, "n long").collect())
-        seconds, after = time.perf_counter() - t0, _cpu_times()
+        before, t0 = cpu_times(), time.perf_counter()
+        n = sum(r.n for r in df.mapInArrow(count_partition, COUNT_SCHEMA).collect())
+        seconds, after = time.perf_counter() - t0, cpu_times()
         if before is None or after is None or n != env.rows_of("mnist"):
             return None
         runs.append((seconds, (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")))

@@ -5,12 +5,12 @@ in that module's docstring)."""
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.tfos_util import start_tfos_cluster
 from benchmarks.train import _COMPAT, BATCH_SIZE, _read_json, _write_json, build_model, epochs_of
 
 __all__ = ["PetastormConverterPath", "TFoSFitPath", "tfos_fit_main", "petastorm_unavailable",
@@ -88,29 +88,9 @@ class TFoSFitPath:
         self.fed = 0
 
     def _start(self) -> None:
-        from tensorflowonspark import TFCluster, reservation
-
-        os.environ["TFOS_SERVER_HOST"] = "127.0.0.1"
-        original = reservation.Server.start_listening_socket
-
-        def loopback_socket(server):  # type: ignore[no-untyped-def]
-            import socket
-
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(10)
-            return sock
-
-        # The driver-side reservation server binds every interface by default; loopback here.
-        reservation.Server.start_listening_socket = loopback_socket
-        try:
-            self.cluster = TFCluster.run(
-                self.sc, tfos_fit_main, {"file": str(self.file), "batch_size": BATCH_SIZE},
-                1, 0, input_mode=TFCluster.InputMode.SPARK, reservation_timeout=180,
-            )
-        finally:
-            reservation.Server.start_listening_socket = original
+        self.cluster = start_tfos_cluster(
+            self.sc, tfos_fit_main, {"file": str(self.file), "batch_size": BATCH_SIZE},
+        )
 
     def __call__(self) -> int:
         if self.cluster is None:
