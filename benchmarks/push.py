@@ -54,8 +54,6 @@ BATCH_SIZE = 1024
 SLOW_FACTOR = 10
 MEMORY_MIN_BUFFER = 256 * 1024
 MEMORY_CHUNK = 64 * 1024
-# the old private names, still imported from here by benchmarks.userdata_push
-_COUNT_SCHEMA, _count_partition = COUNT_SCHEMA, count_partition
 
 
 # ---------------------------------------------------------------- node and executor side

@@ -31,7 +31,8 @@ import pyarrow as pa
 
 from benchmarks.breakdown import Step, ladder
 from benchmarks.paths import BenchPath
-from benchmarks.push import _COUNT_SCHEMA, FlightPushPath, RawFlightPath, _count_partition, _write_json
+from benchmarks.paths import COUNT_SCHEMA, count_partition
+from benchmarks.push import FlightPushPath, RawFlightPath, _write_json
 
 __all__ = ["build", "breakdown", "read_frame", "drain_main"]
 
@@ -135,7 +136,7 @@ def build(env: Any) -> list[BenchPath]:
     paths = [
         BenchPath("flight-push", ours, kind="ours", nbytes=nbytes, close=ours.close),
         BenchPath("spark-mapinarrow",
-                  lambda: sum(r.n for r in df.mapInArrow(_count_partition, _COUNT_SCHEMA).collect()),
+                  lambda: sum(r.n for r in df.mapInArrow(count_partition, COUNT_SCHEMA).collect()),
                   kind="ceiling", nbytes=nbytes),
         BenchPath("flight-raw", raw, kind="ceiling", nbytes=nbytes, close=raw.close),
     ]
