@@ -380,6 +380,7 @@ class Feeder:
         """Wait until every worker's pass over each pushed epoch has ended, then account for
         every row: consumed (handed to TensorFlow), dropped for balance, or unconsumed."""
         pending = list(books)
+        empty: set[str] = set()  # splits already reported as having no rows
         while pending:
             ep = pending[0]
             for _, sent in ep.ending:
@@ -405,6 +406,16 @@ class Feeder:
             left_early: dict[int, int] = {}
             returned: dict[int, int] = {}
             pushed = sum(ep.assigned.values())
+            if pushed == 0 and ep.split not in empty:
+                empty.add(ep.split)
+                what = "train(df)" if ep.split == "train" else "train(validation=...)"
+                msg = (
+                    f"epoch {ep.epoch} ({ep.split}): the DataFrame given to {what} has no rows, "
+                    f"so every worker's pass over it was empty; check the filters or joins that "
+                    f"built it."
+                )
+                report.messages.append(msg)
+                logger.warning(msg)
             if ep.limit == 0 and pushed and len(ep.reading) > 1:
                 msg = (
                     f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} "

@@ -259,6 +259,8 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
         (600, 6, "empty"), (437, 1, None), (1000, 50, None),
         # one row for two workers: each yields the smallest share, none (the report says so)
         (1, 1, None),
+        # no rows at all (a filter that kept nothing): empty passes, and the report says so
+        (0, 2, None),
     ]
     scenarios = [{"pattern": "full", "read_epochs": 2, "batch_size": 32} for _ in frames]
     scenarios.append({"pattern": "return_early", "read_epochs": 1, "batch_size": 32})
@@ -281,11 +283,19 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
             _full_epochs(seen, workers, "train", want, 2)
             assert sum(len(e) for n in workers for e in seen[n]["train"]) == handed
             empty = [m for m in report.messages if "leave some worker none" in m]
+            no_rows = [m for m in report.messages if "has no rows" in m]
             if rows == 1:
                 assert handed == 0 and report.dropped_for_balance == 2, report
                 assert len(empty) == 2 and "its 1 row(s) over 2 workers" in empty[0], report.messages
             else:
                 assert empty == [], report.messages
+            if rows == 0:  # said once for the call, not once per epoch
+                assert handed == 0 and report.rows_unconsumed == {}, report
+                assert no_rows == [f"epoch {report.epochs[0]} (train): the DataFrame given to "
+                                   f"train(df) has no rows, so every worker's pass over it was "
+                                   f"empty; check the filters or joins that built it."], report.messages
+            else:
+                assert no_rows == [], report.messages
         rows = 800
         before = _rows_out(cluster)
         t0 = time.monotonic()
