@@ -10,8 +10,9 @@ Paths of kind ``stage`` (the partial pipelines a breakdown is computed from) are
 same alternating rounds as the others but are kept out of ``results`` and the ratios: their
 timings go to the scenario's ``stages`` object.
 
-For each (scenario, table) the runner builds the paths, runs each path once untimed (warm-up),
-then ``reps`` timed rounds that alternate the paths (A1 B1 C1 A2 B2 C2 ...) so machine drift hits
+For each (scenario, table) the runner builds the paths, runs the scenario's ``warm(env)`` if it
+has one (a path-neutral warm-up, e.g. Spark's JIT: it returns one line saying what it did), runs
+each path once untimed (warm-up), then ``reps`` timed rounds that alternate the paths (A1 B1 C1 A2 B2 C2 ...) so machine drift hits
 every side, and reports medians. A path whose ``run`` raises is reported ``ok: false`` with the
 error text; the other paths go on.
 """
@@ -411,6 +412,9 @@ def run_scenario(
 
     try:
         if warmup:
+            warm = getattr(module, "warm", None)
+            if warm is not None:
+                progress(f"[{label}] {warm(env)}")
             for p in live:
                 _once(p, "warm-up")
         for rep in range(reps):

@@ -416,6 +416,15 @@ def _tfos_unavailable() -> str | None:
     return None
 
 
+def warm(env: Any) -> str:
+    """Spark's JIT warmed on this table before any path runs (:func:`benchmarks.paths.warm_jvm`):
+    every path here starts with Spark handing the cached rows to Python."""
+    from benchmarks.paths import warm_jvm
+
+    s = warm_jvm(env.dataframe())
+    return f"JVM warm-up: {len(s)} bare mapInArrow passes, {s[0]:.2f} s first, {s[-1]:.2f} s last"
+
+
 def build(env: Any) -> list[BenchPath]:
     """The push scenario's paths on ``env.table_name``."""
     rows = env.rows_of()

@@ -164,6 +164,14 @@ def _train_lines(sc: dict[str, Any], targets: dict[str, Any]) -> list[str]:
             f"on {b['cores']} cores no feed passes {b['best_cache_vs_in_memory']:.2f}x in-memory at "
             f"{sc.get('epochs')} epochs{ours}"
         )
+        if b.get("best_flight_fed_vs_in_memory"):
+            of = b.get("ours_of_flight_best")
+            out.append(
+                f"- {where}: bound over Flight: with the rows' bare do_put into a sink counted "
+                f"({b['flight_handoff_seconds']:.2f} s, {b['flight_handoff_core_seconds']:.2f} "
+                f"core-s), no Flight-fed fit passes {b['best_flight_fed_vs_in_memory']:.2f}x "
+                f"in-memory" + (f"; flight-push-cache is at {of:.0%} of it" if of else "")
+            )
     if sc.get("in_memory_vs_petastorm_converter"):
         out.append(f"- {where}: in-memory tensors (no feed at all) run at "
                    f"{sc['in_memory_vs_petastorm_converter']:.2f}x petastorm-converter: the most "

@@ -276,6 +276,15 @@ class InMemoryFitPath:
             self.proc = None
 
 
+def warm(env: Any) -> str:
+    """Spark's JIT warmed on this table before any path runs (:func:`benchmarks.paths.warm_jvm`):
+    every path here starts with Spark handing the cached rows to Python."""
+    from benchmarks.paths import warm_jvm
+
+    s = warm_jvm(env.dataframe("mnist"))
+    return f"JVM warm-up: {len(s)} bare mapInArrow passes, {s[0]:.2f} s first, {s[-1]:.2f} s last"
+
+
 def build(env: Any) -> list[BenchPath]:
     """The train scenario's paths (always on the MNIST-shaped table)."""
     from benchmarks.train_peers import (
@@ -342,6 +351,31 @@ def _spark_handoff(env: Any, reps: int = 3) -> tuple[float, float] | None:
     return runs[len(runs) // 2]
 
 
+def _flight_handoff(env: Any, reps: int = 3) -> tuple[float, float] | None:
+    """Spark's hand-over plus the rows' trip over Flight to one other process: the same
+    ``mapInArrow`` doing bare ``do_put``s into a sink that drops them
+    (:class:`benchmarks.push.RawFlightPath`). Median (seconds, machine core-seconds)."""
+    from benchmarks.harness import cpu_times, wait_until_idle
+    from benchmarks.push import RawFlightPath
+
+    path = RawFlightPath(env)
+    runs = []
+    try:
+        path()  # starts the sink; its first job also warms the connections
+        for _ in range(reps):
+            wait_until_idle()
+            before, t0 = cpu_times(), time.perf_counter()
+            n = path()
+            seconds, after = time.perf_counter() - t0, cpu_times()
+            if before is None or after is None or n != env.rows_of("mnist"):
+                return None
+            runs.append((seconds, (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")))
+    finally:
+        path.close()
+    runs.sort()
+    return runs[len(runs) // 2]
+
+
 def bound(epochs: int, cores: int, handoff: tuple[float, float], epoch: tuple[float, float]) -> dict[str, float]:
     """The best ``flight-push-cache`` / ``in-memory`` ratio a feed that costs nothing could
     reach: its first epoch cannot end before Spark has handed over every row (``handoff``:
@@ -398,6 +432,23 @@ def extra(env: Any, results: list[dict[str, Any]], *, progress: Callable[[str], 
                 f"{b['best_ratio']:.2f}x in-memory at {epochs} epochs here"
                 + (f"; flight-push-cache reaches {ours / b['best_ratio']:.0%} of that" if ours else "")
             )
+            # the same with the bytes' trip to another process counted: what any feed that
+            # moves the rows over Flight (ours does) could reach at best
+            flight = _flight_handoff(env)
+            if flight is not None:
+                bf = bound(epochs, cores, flight, (mem_s / epochs, mem_cpu / epochs))
+                out["bound"].update({
+                    "flight_handoff_seconds": round(flight[0], 3),
+                    "flight_handoff_core_seconds": round(flight[1], 3),
+                    "best_flight_fed_vs_in_memory": round(bf["best_ratio"], 3),
+                    "ours_of_flight_best": round(ours / bf["best_ratio"], 3) if ours else None,
+                })
+                progress(
+                    f"[{label}] bound over Flight: the same job doing bare do_puts into a sink "
+                    f"takes {flight[0]:.2f} s ({flight[1]:.2f} core-s), so no Flight-fed fit can "
+                    f"pass {bf['best_ratio']:.2f}x in-memory here"
+                    + (f"; flight-push-cache reaches {ours / bf['best_ratio']:.0%} of that" if ours else "")
+                )
     peta = next((r for r in results if r["path"] == "petastorm-converter" and r.get("rows_per_s")), None)
     mem_r = next((r for r in results if r["path"] == "in-memory" and r.get("rows_per_s")), None)
     if peta and mem_r:

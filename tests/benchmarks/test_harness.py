@@ -1,5 +1,5 @@
-"""The harness's wait for an idle machine before each timed repetition, and the train
-scenario's bound arithmetic."""
+"""The harness's wait for an idle machine before each timed repetition, its path-neutral
+warm-up, and the train scenario's bound arithmetic and report lines."""
 
 from __future__ import annotations
 
@@ -47,3 +47,79 @@ def test_train_bound_arithmetic():
     b = bound(10, 1, (2.0, 1.0), (0.5, 0.5))
     assert b["first_epoch_min_seconds"] == pytest.approx(2.0)
     assert b["best_ratio"] == pytest.approx(5.0 / 6.5)
+
+
+def test_train_report_states_both_bounds():
+    from benchmarks.report import _train_lines
+
+    sc = {"scenario": "train", "table": "mnist", "epochs": 5, "bound": {
+        "cores": 2, "spark_handoff_seconds": 0.6, "spark_handoff_core_seconds": 1.1,
+        "best_cache_vs_in_memory": 0.87, "ours_of_best": 0.8,
+        "flight_handoff_seconds": 0.9, "flight_handoff_core_seconds": 1.7,
+        "best_flight_fed_vs_in_memory": 0.78, "ours_of_flight_best": 0.9,
+    }}
+    targets = {"cache_vs_in_memory": {"ratio": 0.70, "target": 0.9, "within_target": False}}
+    lines = _train_lines(sc, targets)
+    assert "runs at 0.70x in-memory (target >= 0.9x: MISSES)" in lines[0]
+    assert any("no feed passes 0.87x in-memory at 5 epochs; flight-push-cache is at 80% of it" in l
+               for l in lines), lines
+    assert any("bound over Flight" in l and "(0.90 s, 1.70 core-s)" in l
+               and "no Flight-fed fit passes 0.78x in-memory; flight-push-cache is at 90% of it" in l
+               for l in lines), lines
+    # a run without the Flight measurement prints only Spark's bound
+    del sc["bound"]["best_flight_fed_vs_in_memory"]
+    assert not any("bound over Flight" in l for l in _train_lines(sc, targets))
+
+
+class _Timed:
+    """Stands in for a DataFrame: each ``mapInArrow(...).collect()`` takes the next duration."""
+
+    def __init__(self, durations):  # type: ignore[no-untyped-def]
+        self.durations = list(durations)
+        self.calls = 0
+
+    def mapInArrow(self, fn, schema):  # type: ignore[no-untyped-def]
+        return self
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        time.sleep(self.durations[min(self.calls, len(self.durations) - 1)])
+        self.calls += 1
+        return []
+
+
+def test_jvm_warm_up_runs_until_the_passes_stop_getting_faster():
+    from benchmarks.paths import warm_jvm
+
+    # getting faster, then flat: the eighth pass is the first no faster than the median of
+    # the three before it (0.07 s)
+    df = _Timed([0.20, 0.16, 0.13, 0.11, 0.09, 0.07, 0.07, 0.08, 0.07])
+    s = warm_jvm(df)
+    assert df.calls == 8 and len(s) == 8, s
+    assert s[0] > 0.19 and 0.075 < s[-1] < 0.1
+    # never fewer than min_passes, never more than max_passes
+    flat = _Timed([0.01])
+    assert len(warm_jvm(flat, min_passes=4)) == 4 and flat.calls == 4
+    faster = _Timed([0.05 - 0.004 * i for i in range(12)])
+    assert len(warm_jvm(faster, max_passes=6)) == 6
+
+
+def test_harness_runs_a_scenarios_warm_before_the_paths():
+    import types
+
+    from benchmarks.harness import run_scenario
+    from benchmarks.paths import BenchPath
+
+    order = []
+    module = types.SimpleNamespace(
+        build=lambda env: [BenchPath("flight-push", lambda: order.append("run") or 10, nbytes=80)],
+        warm=lambda env: order.append("warm") or "JVM warm-up: 3 passes",
+    )
+    env = types.SimpleNamespace(table_name="numeric", rows_of=lambda: 10, row_bytes=lambda: 8)
+    lines = []
+    out = run_scenario(env, "push", reps=2, module=module, progress=lines.append, idle_wait=0)
+    assert order == ["warm", "run", "run", "run"]  # warm, the path's warm-up, two repetitions
+    assert "[push/numeric] JVM warm-up: 3 passes" in lines
+    assert out["results"][0]["rep_rows"] == [10, 10]
+    order.clear()
+    run_scenario(env, "push", reps=1, warmup=False, module=module, progress=lines.append, idle_wait=0)
+    assert order == ["run"]  # a quick run warms nothing
