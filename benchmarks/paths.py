@@ -49,7 +49,7 @@ def count_partition(batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
 
 
-def warm_jvm(df: Any, *, min_passes: int = 4, max_passes: int = 15) -> list[float]:
+def warm_jvm(df: Any, *, min_passes: int = 8, max_passes: int = 15) -> list[float]:
     """Run a bare row-counting ``mapInArrow`` over ``df`` until Spark's JIT has warmed up.
 
     The JVM compiles the code that turns cached rows into Arrow batches while the first jobs

@@ -97,8 +97,11 @@ def test_jvm_warm_up_runs_until_the_passes_stop_getting_faster():
     assert df.calls == 8 and len(s) == 8, s
     assert s[0] > 0.19 and 0.075 < s[-1] < 0.1
     # never fewer than min_passes, never more than max_passes
-    flat = _Timed([0.01])
-    assert len(warm_jvm(flat, min_passes=4)) == 4 and flat.calls == 4
+    slower = [0.010 + 0.002 * i for i in range(12)]  # never faster: stops at min_passes
+    for least in (4, 8):
+        df = _Timed(slower)
+        assert len(warm_jvm(df, min_passes=least)) == least and df.calls == least
+    assert len(warm_jvm(_Timed(slower))) == 8  # the default
     faster = _Timed([0.05 - 0.004 * i for i in range(12)])
     assert len(warm_jvm(faster, max_passes=6)) == 6
 
