@@ -48,7 +48,14 @@ __all__ = [
     "run_bench",
     "wait_until_idle",
     "cpu_times",
+    "UNSTEADY_SPREAD",
+    "unsteady_line",
 ]
+
+# A path whose slowest repetition took this many times its fastest ran on a machine that was
+# not steady: ratios against its median are flagged as unreliable (seen: an in-memory fit at
+# 2.62, 3.93 and 3.91 s in one compat run, which turned 0.68x into a "meeting" 0.98x).
+UNSTEADY_SPREAD = 1.25
 
 logger = logging.getLogger(__name__)
 
@@ -287,11 +294,23 @@ def _finish(res: dict[str, Any], path: BenchPath, row_bytes: int) -> None:
     rows = res["rep_rows"]
     rates = [r / s if s > 0 else 0.0 for r, s in zip(rows, secs)]
     res["seconds"] = statistics.median(secs)
+    res["spread"] = max(secs) / min(secs) if min(secs) > 0 else 1.0
     res["rows"] = int(statistics.median(rows))
     res["rows_per_s"] = statistics.median(rates)
     per_row = (path.nbytes / res["rows"]) if (path.nbytes and res["rows"]) else row_bytes
     res["nbytes"] = int(per_row * res["rows"])
     res["mb_per_s"] = res["rows_per_s"] * per_row / 1e6
+
+
+def unsteady_line(res: dict[str, Any]) -> str | None:
+    """One line saying a path's repetitions were too spread to trust ratios against its median
+    (:data:`UNSTEADY_SPREAD`), or None."""
+    secs = res.get("rep_seconds") or []
+    if not res.get("ok") or len(secs) < 2 or (res.get("spread") or 1.0) < UNSTEADY_SPREAD:
+        return None
+    return (f"{res['path']}: repetitions took {min(secs):.2f}-{max(secs):.2f} s "
+            f"({res['spread']:.2f}x apart): the machine was not steady, so ratios against this "
+            f"path are unreliable in this run; rerun on a quiet machine or with more --reps")
 
 
 def _stages(paths: list[BenchPath], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -444,6 +463,10 @@ def run_scenario(
             _finish(results[p.name], p, row_bytes)
     out["results"] = list(results.values())
     _ratios(out["results"])
+    for res in out["results"]:
+        line = unsteady_line(res)
+        if line:
+            progress(f"[{label}] {line}")
     if stages:
         out["stages"] = stages
     breakdown = getattr(module, "breakdown", None)

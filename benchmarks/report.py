@@ -112,8 +112,14 @@ def _cell(text: str, limit: int = 120) -> str:
 
 
 def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
+    from benchmarks.harness import unsteady_line
+
     out = []
     for sc in scenarios:
+        for res in sc.get("results") or []:
+            line = unsteady_line(res)
+            if line:
+                out.append(f"- {sc['scenario']}/{sc.get('table')}: {line}")
         mem = sc.get("memory")
         if mem:
             verdict = "meets" if mem.get("within_target") else "MISSES"
@@ -151,6 +157,8 @@ def _train_lines(sc: dict[str, Any], targets: dict[str, Any]) -> list[str]:
                        f"({_cell(t.get('why', ''), 100)})")
         else:
             verdict = "meets" if t.get("within_target") else "MISSES"
+            if t.get("unsteady"):
+                verdict += f" (unsteady: {', '.join(t['unsteady'])}; not a result)"
             out.append(
                 f"- {where}: Keras fit for {sc.get('epochs')} epochs fed by flight-push-cache runs "
                 f"at {t['ratio']:.2f}x {other} (target >= {t.get('target')}x: {verdict})"

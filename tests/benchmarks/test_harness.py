@@ -126,3 +126,29 @@ def test_harness_runs_a_scenarios_warm_before_the_paths():
     order.clear()
     run_scenario(env, "push", reps=1, warmup=False, module=module, progress=lines.append, idle_wait=0)
     assert order == ["run"]  # a quick run warms nothing
+
+
+def test_spread_repetitions_are_flagged_and_taint_the_train_verdict():
+    from benchmarks.harness import unsteady_line
+    from benchmarks.report import _notes, _train_lines
+    from benchmarks.train import _target
+
+    # the compat run of 2026-11-25 23:35: in-memory at 2.62, 3.93, 3.91 s
+    mem = {"path": "in-memory", "ok": True, "rep_seconds": [2.62, 3.93, 3.91], "spread": 3.93 / 2.62,
+           "rows_per_s": 76_700.0}
+    ours = {"path": "flight-push-cache", "ok": True, "rep_seconds": [3.84, 3.99, 4.29],
+            "spread": 4.29 / 3.84, "rows_per_s": 75_200.0, "ratio_vs": {"in-memory": 0.98}}
+    line = unsteady_line(mem)
+    assert line is not None and line.startswith("in-memory: repetitions took 2.62-3.93 s (1.50x apart)")
+    assert unsteady_line(ours) is None  # 1.12x apart: steady enough
+    assert unsteady_line({**mem, "rep_seconds": [2.62], "spread": 1.0}) is None
+
+    t = _target([ours, mem], "in-memory", 0.9)
+    assert t["within_target"] is True and t["unsteady"] == ["in-memory"]
+    sc = {"scenario": "train", "table": "mnist", "epochs": 5, "results": [ours, mem]}
+    lines = _train_lines(sc, {"cache_vs_in_memory": t})
+    assert "(target >= 0.9x: meets (unsteady: in-memory; not a result))" in lines[0], lines
+    assert any("in-memory: repetitions took 2.62-3.93 s" in n for n in _notes([sc])), _notes([sc])
+    # steady on both sides: a plain verdict
+    steady = _target([ours, {**mem, "rep_seconds": [3.9, 3.91, 3.93], "spread": 3.93 / 3.9}], "in-memory", 0.9)
+    assert "unsteady" not in steady
