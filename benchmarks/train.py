@@ -339,17 +339,17 @@ def _target(results: list[dict[str, Any]], other: str, target: float) -> dict[st
     return got
 
 
-def _spark_handoff(env: Any, reps: int = 3) -> tuple[float, float] | None:
-    """Spark's own cost of handing the train DataFrame to Python as Arrow: a bare
-    ``mapInArrow`` that counts rows. Median (seconds, machine core-seconds from /proc/stat)."""
+def _median_run(env: Any, job: Callable[[], int], reps: int = 3) -> tuple[float, float] | None:
+    """``job()`` (which returns the rows it moved) ``reps`` times on an idle machine: the
+    median (seconds, machine core-seconds from /proc/stat), or None without /proc/stat or if
+    a run moved the wrong number of rows."""
     from benchmarks.harness import cpu_times, wait_until_idle
 
-    df = env.dataframe("mnist")
     runs = []
     for _ in range(reps):
         wait_until_idle()
         before, t0 = cpu_times(), time.perf_counter()
-        n = sum(r.n for r in df.mapInArrow(count_partition, COUNT_SCHEMA).collect())
+        n = job()
         seconds, after = time.perf_counter() - t0, cpu_times()
         if before is None or after is None or n != env.rows_of("mnist"):
             return None
@@ -358,29 +358,25 @@ def _spark_handoff(env: Any, reps: int = 3) -> tuple[float, float] | None:
     return runs[len(runs) // 2]
 
 
-def _flight_handoff(env: Any, reps: int = 3) -> tuple[float, float] | None:
+def _spark_handoff(env: Any) -> tuple[float, float] | None:
+    """Spark's own cost of handing the train DataFrame to Python as Arrow: a bare
+    ``mapInArrow`` that counts rows (:func:`_median_run`)."""
+    df = env.dataframe("mnist")
+    return _median_run(env, lambda: sum(r.n for r in df.mapInArrow(count_partition, COUNT_SCHEMA).collect()))
+
+
+def _flight_handoff(env: Any) -> tuple[float, float] | None:
     """Spark's hand-over plus the rows' trip over Flight to one other process: the same
     ``mapInArrow`` doing bare ``do_put``s into a sink that drops them
-    (:class:`benchmarks.push.RawFlightPath`). Median (seconds, machine core-seconds)."""
-    from benchmarks.harness import cpu_times, wait_until_idle
+    (:class:`benchmarks.push.RawFlightPath`; :func:`_median_run`)."""
     from benchmarks.push import RawFlightPath
 
     path = RawFlightPath(env)
-    runs = []
     try:
         path()  # starts the sink; its first job also warms the connections
-        for _ in range(reps):
-            wait_until_idle()
-            before, t0 = cpu_times(), time.perf_counter()
-            n = path()
-            seconds, after = time.perf_counter() - t0, cpu_times()
-            if before is None or after is None or n != env.rows_of("mnist"):
-                return None
-            runs.append((seconds, (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")))
+        return _median_run(env, path)
     finally:
         path.close()
-    runs.sort()
-    return runs[len(runs) // 2]
 
 
 def bound(epochs: int, cores: int, handoff: tuple[float, float], epoch: tuple[float, float]) -> dict[str, float]:
