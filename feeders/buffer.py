@@ -88,7 +88,7 @@ class FeedBuffer:
                 return {}
             ep = NodeEpoch(info)
             if self._consumer_done:
-                ep.closed = True
+                ep.closed = ep.ended_feed = True
             if info.record is not None:
                 cache = self._caches.get(info.record)
                 if cache is None:
@@ -225,13 +225,38 @@ class FeedBuffer:
         finally:
             self.idle_waiters -= idle
 
-    def claim_epoch(self, split: str = "train", timeout: float | None = None) -> int | None:
-        """The epoch the next pass over ``split`` reads: the oldest announced one no pass has
-        claimed. Waits for the driver to announce one; ``None`` if the node stops first."""
+    def waiting_for_driver(self, wait: Callable[[], Any]) -> Any:
+        """Call ``wait()`` counted in ``idle_waiters``: the caller (``ctx.wait_stop``) only
+        waits for the driver's next move, so shutdown need not wait for it to finish."""
         with self._cond:
+            self.idle_waiters += 1
+        try:
+            return wait()
+        finally:
+            with self._cond:
+                self.idle_waiters -= 1
+
+    def claim_epoch(self, split: str = "train", timeout: float | None = None, *,
+                    skip_older: str | None = None) -> int | None:
+        """The epoch the next pass over ``split`` reads: the oldest announced one no pass has
+        claimed. Waits for the driver to announce one; ``None`` if the node stops first.
+
+        ``skip_older``: another split whose unclaimed epochs announced before the claimed one
+        (all of them, if the claim has to wait for the driver) are closed unread (see
+        :meth:`skip_announced`). A training pass claims with ``skip_older="validation"``: a
+        program that starts its next training pass without a validation pass over the previous
+        epoch (Keras ``fit(validation_freq=2)``, or a program that never reads the validation
+        split) will not come back for it.
+        """
+        with self._cond:
+            if skip_older is not None and not self._announced.get(split):
+                self.skip_announced(skip_older)  # nothing left to train on in this call
             if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True):
                 return None
-            return self._announced[split].popleft()
+            epoch = self._announced[split].popleft()
+            if skip_older is not None:
+                self.skip_announced(skip_older, before=epoch)
+            return epoch
 
     def peek_epoch(self, split: str = "train", timeout: float | None = None) -> EpochInfo | None:
         """The info of the epoch the next pass over ``split`` would claim (waits for one)."""
@@ -240,18 +265,21 @@ class FeedBuffer:
                 return None
             return self._epochs[self._announced[split][0]].info
 
-    def skip_announced(self, split: str = "train") -> list[int]:
-        """Close every announced epoch of ``split`` that no pass has claimed yet.
+    def skip_announced(self, split: str = "train", *, before: int | None = None) -> list[int]:
+        """Close the announced epochs of ``split`` that no pass has claimed yet (only those
+        numbered below ``before``, if given), so their pushes stop instead of waiting for a
+        reader that will not come; their rows count as unconsumed.
 
         A ``repeat=True`` stream is the node's whole feed of its split: when it is dropped
         (``fit`` with ``steps_per_epoch`` done before the data is), the epochs already pushed
-        for it will never be read, and their pushes must not wait for a reader. Returns the
-        epochs closed.
+        for it will never be read. Returns the epochs closed.
         """
         with self._cond:
             q = self._announced.get(split) or deque()
-            skipped = list(q)
-            q.clear()
+            skipped = [e for e in q if before is None or e < before]
+            if not skipped:
+                return []
+            self._announced[split] = deque(e for e in q if e not in skipped)
             for e in skipped:
                 self._close(self._epochs[e])
             self.metrics["epochs_left_early"] += len(skipped)
@@ -290,9 +318,10 @@ class FeedBuffer:
         with self._cond:
             ep = self._epochs.get(epoch)
             if ep is None:
-                return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False}
+                return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False,
+                        "ended_feed": self._consumer_done}
             out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
-                   "complete": ep.complete, "feeding": ep.feeding}
+                   "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed}
             if ep.info.replay is not None:
                 cache = self._caches.get(ep.info.replay)
                 out["cache_rows"] = cache.rows if cache is not None and cache.sealed else None
@@ -310,6 +339,7 @@ class FeedBuffer:
             self._consumer_done = True
             self.metrics["consumer_finished"] = True
             for ep in self._epochs.values():
+                ep.ended_feed = ep.ended_feed or not ep.closed
                 self._close(ep)
             self._cond.notify_all()
 

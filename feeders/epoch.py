@@ -65,6 +65,7 @@ class NodeEpoch:
     limit: int | None = None  # rows every worker yields this epoch (set by the driver)
     emitted: int = 0  # rows handed to TensorFlow
     closed: bool = False  # the consumer's pass has ended
+    ended_feed: bool = False  # ... closed because the node reads no more (consumer_finished)
     complete: bool = False  # ... by reaching the limit
     feeding: bool = False  # rows are still being replayed from the cache
     cache: EpochCache | None = None  # recording into it

@@ -190,7 +190,9 @@ class EpochState:
 
     ``rows`` received (after dedupe), ``emitted`` handed to TensorFlow so far, ``closed``: the
     node's pass over the epoch has ended (read to its limit, left early, or main returned),
-    ``complete``: it ended by reaching the limit, ``main``: running | finished | failed.
+    ``complete``: it ended by reaching the limit, ``main``: running | finished | failed,
+    ``ended_feed``: the pass was closed because the node reads no more pushed rows
+    (``ctx.end_feed()``, ``ctx.serve``).
     """
 
     rows: int
@@ -198,6 +200,7 @@ class EpochState:
     closed: bool
     complete: bool
     main: str
+    ended_feed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,7 +208,8 @@ class EpochState:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "EpochState":
         return cls(int(d["rows"]), int(d.get("emitted", 0)), bool(d.get("closed", False)),
-                   bool(d.get("complete", False)), str(d.get("main", "running")))
+                   bool(d.get("complete", False)), str(d.get("main", "running")),
+                   bool(d.get("ended_feed", False)))
 
 
 @dataclass(frozen=True)

@@ -215,8 +215,20 @@ def push_dataset(
             "epoch; drop repeat=True (validation_steps= still works: the rest of that epoch's "
             "validation rows is refused)."
         )
-    if next_epoch is None:
-        next_epoch = lambda: buffer.claim_epoch(split)  # noqa: E731
+    custom_claim = next_epoch
+
+    def claim(first: bool) -> int | None:
+        """The epoch a pass reads next (``first``: the pass's first). A training pass that
+        starts closes the validation epochs it has passed unread (Keras
+        ``fit(validation_freq=2)``: nothing comes back for them). Within a repeat=True stream
+        later claims are read-ahead, which may run before Keras validates: it closes those
+        only when it is dropped."""
+        if custom_claim is not None:
+            return custom_claim()
+        skip = "validation" if split == "train" and (first or not repeat) else None
+        return buffer.claim_epoch(split, skip_older=skip)
+
+    newest: list[int] = []  # the newest epoch a pass of this dataset claimed
     info: EpochInfo | None = buffer.peek_epoch(split, first_epoch_timeout)
     if info is None:
         raise FeedStopped(f"the cluster shut down before any {split!r} data was pushed")
@@ -241,10 +253,11 @@ def push_dataset(
     convert = _tensor_converter(specs)
     epoch_schema = info.schema
 
-    def one_epoch() -> Iterator[dict[str, Any]] | None:
-        epoch = next_epoch()
+    def one_epoch(first: bool = True) -> Iterator[dict[str, Any]] | None:
+        epoch = claim(first)
         if epoch is None:
             return None
+        newest[:] = [epoch]
         got = buffer.wait_epoch_info(epoch)
         if got is None:
             return None
@@ -271,15 +284,20 @@ def push_dataset(
                 yield from items
             return
         try:
+            first = True
             while True:
-                items = one_epoch()
+                items = one_epoch(first)
+                first = False
                 if items is None:
                     return
                 yield from items
         finally:
             # the stream was the node's feed: epochs pushed for it that it never reached
-            # must not wait for a reader
+            # must not wait for a reader, nor validation epochs older than its last epoch
+            # (fit is done; a later evaluate reads the newest)
             buffer.skip_announced(split)
+            if split == "train" and newest:
+                buffer.skip_announced("validation", before=newest[0])
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = generator_dataset(generator, signature)

@@ -204,3 +204,45 @@ def test_a_validation_split_cannot_be_one_stream():
         push_dataset(buf, batch_size=8, num_workers=2, split="validation", repeat=True)
     # raised at once: nothing was announced, and the call did not wait for an epoch
     assert buf.snapshot()["epochs_begun"] == 0
+
+
+def _announce(buf: FeedBuffer, *splits: str) -> None:
+    for e, split in enumerate(splits):
+        buf.begin_epoch(EpochInfo(e, SCHEMA, split=split))
+
+
+def test_a_training_pass_closes_the_validation_epochs_it_has_passed():
+    # Keras fit(validation_freq=2) over epochs announced train, validation, train, ...: the
+    # second training pass begins without a validation pass over epoch 1, which is closed so
+    # its push stops; the validation pass after it reads epoch 3.
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "validation", "train", "validation", "train", "validation")
+    assert buf.claim_epoch("train", skip_older="validation") == 0
+    assert buf.epoch_state(1)["closed"] is False
+    assert buf.claim_epoch("train", skip_older="validation") == 2
+    assert buf.epoch_state(1)["closed"] is True and buf.epoch_state(3)["closed"] is False
+    assert buf.claim_epoch("validation") == 3
+    assert buf.claim_epoch("train", skip_older="validation") == 4
+    assert buf.epoch_state(5)["closed"] is False  # the last one may still be read
+    # the next training pass finds nothing announced: the last validation epoch is closed
+    # before it waits for the driver's next call
+    assert buf.claim_epoch("train", timeout=0.05, skip_older="validation") is None
+    assert buf.epoch_state(5)["closed"] is True
+    assert buf.snapshot()["epochs_left_early"] == 2
+    # closed, not ended by ctx.end_feed(): the driver's report tells the two apart
+    assert buf.epoch_state(5)["ended_feed"] is False
+    buf.consumer_finished()
+    buf.begin_epoch(EpochInfo(6, SCHEMA))  # announced after ctx.end_feed(): closed at once
+    assert buf.epoch_state(5)["ended_feed"] is False and buf.epoch_state(6)["ended_feed"] is True
+
+
+def test_without_skip_older_validation_epochs_wait_for_their_pass():
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "validation", "train", "validation")
+    assert buf.claim_epoch("train") == 0 and buf.claim_epoch("train") == 2
+    assert buf.claim_epoch("validation") == 1 and buf.claim_epoch("validation") == 3
+    # skip_announced(before=) closes only older epochs
+    for e in (4, 5):
+        buf.begin_epoch(EpochInfo(e, SCHEMA, split="validation"))
+    assert buf.skip_announced("validation", before=5) == [4]
+    assert buf.claim_epoch("validation") == 5
