@@ -316,7 +316,8 @@ class Feeder:
         sp = ep.source
         what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch,
-                              what=what, deadline=deadline, timeout=timeout)
+                              what=what, deadline=deadline, timeout=timeout,
+                              why_late=lambda: self._unread(ep))
         report.spark_jobs += 1
         sent: dict[int, int] = {}
         refused: set[int] = set()
@@ -334,6 +335,24 @@ class Feeder:
         self._end_epoch(ep, reading, min((sent.get(nid, 0) for nid in reading), default=0))
         if ep.record is not None:
             self._caches[ep.split].assigned = dict(ep.assigned)
+
+    def _unread(self, ep: _EpochBooks) -> str:
+        """Why a push is late, if the nodes say: workers whose main runs but read none of it."""
+        try:
+            replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
+        except Exception:  # noqa: BLE001 - the timeout error stands without this
+            return ""
+        states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
+        idle = sorted(nid for nid, st in states.items()
+                      if st.main == "running" and not st.closed and st.emitted == 0)
+        if not idle:
+            return ""
+        return (
+            f"Node(s) {idle} read none of it while their main still runs: a program that reads "
+            f"fewer passes than train() pushes (a fit that EarlyStopping ended, fewer fit epochs "
+            f"than num_epochs, a validation split it does not read) must call ctx.end_feed() or "
+            f"return from main once it reads no more; otherwise raise feed_timeout for bigger data."
+        )
 
     def _replay_epoch(self, ep: _EpochBooks, deadline: float, timeout: float) -> None:
         """The nodes replay their caches: no Spark job; the limit is the smallest cache."""
@@ -395,16 +414,19 @@ class Feeder:
                     idle = sorted(nid for nid, st in states.items()
                                   if not st.closed and st.main == "running" and st.emitted == 0)
                     raise FeedError(
-                        f"epoch {ep.epoch} was pushed, but node(s) {idle or sorted(states)} did not "
-                        f"finish reading it within feed_timeout={timeout:.0f} s. A program that "
-                        f"reads fewer epochs than train(num_epochs=...) pushes leaves the rest "
-                        f"unread: read one pass per pushed epoch, use ctx.dataset(repeat=True), "
-                        f"or return from main when done."
+                        f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
+                        f"{idle or sorted(states)} did not finish reading it within "
+                        f"feed_timeout={timeout:.0f} s. A program that reads fewer epochs than "
+                        f"train(num_epochs=...) pushes (a fit ended early by EarlyStopping, "
+                        f"fewer fit epochs) leaves the rest unread: read one pass per pushed "
+                        f"epoch, use ctx.dataset(repeat=True), or call ctx.end_feed() or return "
+                        f"from main once it reads no more."
                     )
                 continue
             pending.pop(0)
             left_early: dict[int, int] = {}
             returned: dict[int, int] = {}
+            ended: dict[int, int] = {}  # main runs, but reads no more (ctx.end_feed, ctx.serve)
             pushed = sum(ep.assigned.values())
             if pushed == 0 and ep.split not in empty:
                 empty.add(ep.split)
@@ -442,7 +464,8 @@ class Feeder:
                 else:
                     left = assigned - st.emitted
                     if left:
-                        (returned if st.main != "running" else left_early)[nid] = left
+                        (returned if st.main != "running" else ended if st.ended_feed
+                         else left_early)[nid] = left
                 if left:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
             if returned:
@@ -459,7 +482,26 @@ class Feeder:
                     )
                 report.messages.append(msg)
                 logger.warning(msg)
-            if left_early:
+            if ended:
+                msg = (
+                    f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(ended)} ended their feed "
+                    f"(ctx.end_feed(), ctx.wait_stop() or ctx.serve()); {sum(ended.values())} "
+                    f"row(s) were refused."
+                )
+                report.messages.append(msg)
+                logger.info(msg)
+            if left_early and ep.split == "validation" and all(
+                    states[nid].emitted == 0 for nid in left_early):
+                msg = (
+                    f"epoch {ep.epoch} (validation): node(s) {sorted(left_early)} began their "
+                    f"next training pass without reading it, so its "
+                    f"{sum(left_early.values())} row(s) were refused (Keras skips validation "
+                    f"this way with fit(validation_freq=k), k > 1; a program that never reads "
+                    f"ctx.dataset(split='validation') skips every epoch's)."
+                )
+                report.messages.append(msg)
+                logger.info(msg)
+            elif left_early:
                 msg = (
                     f"epoch {ep.epoch}: node(s) {sorted(left_early)} ended their pass early; the "
                     f"remaining {sum(left_early.values())} row(s) were not sent to them."

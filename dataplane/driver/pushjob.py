@@ -20,12 +20,13 @@ from feeders.protocol import chunk_bytes
 __all__ = ["PushJobs", "array_shapes", "feed_timeout_error"]
 
 
-def feed_timeout_error(what: str, timeout: float) -> FeedError:
-    return FeedError(
-        f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was "
-        f"cancelled. Raise feed_timeout for bigger data, or check that the nodes consume "
-        f"their dataset (cluster.metrics() shows each node's buffer and stall time)."
+def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
+    """The error for a push that outlasted ``feed_timeout``; ``why``: what the nodes say."""
+    why = why or (
+        "Raise feed_timeout for bigger data, or check that the nodes consume their dataset "
+        "(cluster.metrics() shows each node's buffer and stall time)."
     )
+    return FeedError(f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was cancelled. {why}")
 
 
 def array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
@@ -104,11 +105,13 @@ class PushJobs:
         self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
-            what: str, deadline: float, timeout: float) -> list[Any]:
-        """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS)."""
+            what: str, deadline: float, timeout: float,
+            why_late: Callable[[], str] | None = None) -> list[Any]:
+        """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS).
+        ``why_late``: asked, if the job outlasts ``timeout``, for what the nodes say about it."""
         pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch)
         job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
-        return self._wait(job, deadline, what, timeout)
+        return self._wait(job, deadline, what, timeout, why_late)
 
     def shapes(self, df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
@@ -176,7 +179,8 @@ class PushJobs:
             self._push_frame = (key, ref, frame(None))
         return self._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
 
-    def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float) -> Any:
+    def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float,
+              why_late: Callable[[], str] | None = None) -> Any:
         """Wait for ``job`` while watching the nodes; cancel it if a node fails or time runs out."""
         while True:
             try:
@@ -203,4 +207,4 @@ class PushJobs:
                 raise err
             if time.monotonic() > deadline:
                 job.cancel()
-                raise feed_timeout_error(what, timeout)
+                raise feed_timeout_error(what, timeout, why_late() if why_late else "")

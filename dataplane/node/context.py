@@ -69,13 +69,25 @@ class NodeContext:
 
     @property
     def should_stop(self) -> bool:
-        """True once the driver asked the cluster to shut down."""
+        """True once the driver asked the cluster to shut down.
+
+        To wait for that, call :meth:`wait_stop`: ``cluster.shutdown()`` lets a main that is
+        still busy finish first (up to its timeout), and a loop that sleeps and polls this flag
+        looks busy; ``wait_stop`` tells the driver this main only waits.
+        """
         return self._stop.is_set()
 
     def wait_stop(self, timeout: float | None = None) -> bool:
         """Block until the driver asks the cluster to shut down (or ``timeout``); True once it
-        has."""
-        return self._stop.wait(timeout)
+        has. ``cluster.shutdown()`` stops a main waiting here at once.
+
+        Without a timeout, main is done with its data: this first ends the node's feed (see
+        :meth:`end_feed`), so a ``cluster.train`` still pushing epochs this program will not
+        read returns instead of waiting for them.
+        """
+        if timeout is None:
+            self.end_feed()
+        return bool(self._buffer.waiting_for_driver(lambda: self._stop.wait(timeout)))
 
     def next_pushed_epoch(self, rows: int, convert: Callable[[Any], Any]) -> Iterator[Any] | None:
         """For adapters that consume pushed rows outside tf.data (:mod:`dataplane.compat`):
@@ -91,7 +103,13 @@ class NodeContext:
                              drop_remainder=False, convert=convert)
 
     def end_feed(self) -> None:
-        """This node will read no more pushed rows: refuse later pushes, drop what waits."""
+        """This node will read no more pushed rows: refuse later pushes, drop what waits.
+
+        For a main that goes on after its last read of ``ctx.dataset`` (a ``fit`` that
+        ``EarlyStopping`` ended before ``num_epochs``, followed by saving or evaluating on
+        other data): the running ``cluster.train`` then returns instead of waiting for passes
+        that will not come (returning from main does the same).
+        """
         self._buffer.consumer_finished()
 
     def dataset(
