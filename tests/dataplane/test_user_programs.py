@@ -427,3 +427,114 @@ def test_main_raising_in_a_cached_replay_or_in_validation(spark, tmp_path, where
             pass
         wait_gone(pids, 15)
     assert node_processes(cluster.cluster_id) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras schedules that read fewer passes than train() pushes
+
+
+def keras_schedule_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Three programs, one per train call, as users write them under MultiWorkerMirroredStrategy:
+    ``fit(validation_freq=2)``; the same on a ``repeat=True`` stream with ``steps_per_epoch``;
+    a ``fit`` that ``EarlyStopping`` ends after two of four epochs, without validation_data
+    although the driver pushes a validation DataFrame, then ``ctx.end_feed()`` and a wait for
+    shutdown."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    def xy(ds):  # type: ignore[no-untyped-def]
+        return ds.map(lambda f, y: (f["x"], y))
+
+    def done(name, h):  # type: ignore[no-untyped-def]
+        _write(os.path.join(args["dir"], f"node{ctx.node_id}-{name}.json"),
+               {k: len(v) for k, v in h.history.items()})
+
+    train = xy(ctx.dataset(32, features=["x"], label="label"))
+    stream = xy(ctx.dataset(32, features=["x"], label="label", repeat=True))
+    val = xy(ctx.dataset(32, features=["x"], label="label", split="validation"))
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    done("freq", model.fit(train, validation_data=val, epochs=3, validation_freq=2, verbose=0))
+    done("stream", model.fit(stream, validation_data=val, epochs=4, steps_per_epoch=8,
+                             validation_freq=2, verbose=0))
+    # loss + 1e9 never beats the best loss: EarlyStopping stops after the second epoch
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
+    done("early", model.fit(train, epochs=4, callbacks=[stop], verbose=0))
+    ctx.end_feed()  # the program reads no more pushed rows
+    ctx.wait_stop()
+
+
+def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never_read(spark, tmp_path):
+    """Two MWMS workers, a 64 KiB buffer. ``fit(validation_freq=2)`` skips every other
+    validation pass, over a validation DataFrame about twice a worker's buffer; then the same
+    on a ``repeat=True`` stream; then a ``fit`` that never reads the validation split and is
+    ended by ``EarlyStopping``. Every call returns at once (they waited for feed_timeout: a
+    skipped validation epoch bigger than the buffer also wedged the next training epoch's
+    push), the books balance, the report says why rows went unread, and shutdown does not wait
+    for a main blocked in ``ctx.wait_stop()``."""
+    rows, val_rows = 1200, 8000  # a worker's share of a validation epoch: ~2x its buffer
+    cluster = dataplane.run(spark, keras_schedule_main, {"dir": str(tmp_path)}, num_nodes=2,
+                            buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+
+    def skipped(report):  # type: ignore[no-untyped-def]
+        return [m.split(" (")[0] for m in report.messages if "validation_freq=k" in m]
+
+    try:
+        df, val = _frame(spark, 0, rows, 3), _frame(spark, 100_000, val_rows, 2)
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(df, 3, FEED_TIMEOUT, validation=val)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        _balanced(cluster, report, before)
+        assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
+        for n in workers:
+            assert wait_json(tmp_path / f"node{n}-freq.json") == {"loss": 3, "val_loss": 1}
+        # epochs go train, validation, train, ...: Keras validated after fit epoch 2 only (with
+        # the validation epoch pushed after train epoch 2); the first was skipped when the
+        # second training pass began, the last when the next fit's first pass began
+        e = report.epochs
+        assert skipped(report) == [f"epoch {e[1]}", f"epoch {e[5]}"], report.messages
+        assert all(f"node(s) {sorted(workers)} began their next training pass" in m
+                   for m in report.messages if "validation_freq=k" in m)
+        assert sum(report.rows_unconsumed.values()) == 2 * val_rows, report
+
+        # one stream over the pushed epochs; the validation set fits the buffer here (a bigger
+        # one stalls when fit's epochs do not line up with pushed epochs: see docs/design.md)
+        small_val = _frame(spark, 100_000, 300, 2)
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(df, 4, FEED_TIMEOUT, validation=small_val)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        _balanced(cluster, report, before)
+        for n in workers:
+            assert wait_json(tmp_path / f"node{n}-stream.json") == {"loss": 4, "val_loss": 2}
+        # 4 x 8 steps read about 1.7 of the 4 pushed training epochs; Keras validated twice,
+        # and the validation epochs after the last training epochs were closed unread
+        e = report.epochs
+        assert f"epoch {e[7]}" in skipped(report), report.messages
+
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(df, 4, FEED_TIMEOUT, validation=val)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        handed = _balanced(cluster, report, before)
+        for n in workers:
+            assert wait_json(tmp_path / f"node{n}-early.json") == {"loss": 2}
+        e = report.epochs
+        # two training epochs read whole; the first validation epoch closed when the second
+        # training pass began; everything after EarlyStopping refused through ctx.end_feed()
+        assert handed + report.dropped_for_balance == 2 * rows, (handed, report)
+        assert skipped(report) == [f"epoch {e[1]}"], report.messages
+        ended = [m for m in report.messages if "ended their feed (ctx.end_feed()" in m]
+        assert [m.split(" (")[0] for m in ended] == [f"epoch {x}" for x in e[3:]], report.messages
+        t0 = time.monotonic()
+        _stop(cluster, pids)
+        assert time.monotonic() - t0 < 10  # the mains wait in ctx.wait_stop(): nothing to drain
+    finally:
+        _stop(cluster, pids)
