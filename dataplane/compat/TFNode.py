@@ -29,6 +29,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -112,6 +113,13 @@ def _decode_table(table: pa.Table) -> list[Any]:
 
 
 # -- the node's one input stream ------------------------------------------------------------
+def _until_stop(ctx: Any) -> None:
+    """Wait in a background thread until shutdown. Not ``ctx.wait_stop()``: that ends the
+    node's feed and marks main as only waiting, while the TFoS program may still be busy."""
+    while not ctx.should_stop:
+        time.sleep(0.1)
+
+
 class _NodeFeed:
     """The single input stream every DataFeed of a node reads (TFoS's ``input`` queue)."""
 
@@ -137,7 +145,7 @@ class _NodeFeed:
             self._reader.start()
 
     def _wait_stop(self) -> None:
-        self._ctx.wait_stop()
+        _until_stop(self._ctx)
         self.items.put(_END_FEED)
 
     def _read_training(self) -> None:
@@ -157,7 +165,7 @@ class _NodeFeed:
             if not self.terminated:
                 logger.error("reading the training feed failed: %s", e)
                 self.items.put(e)
-        ctx.wait_stop()  # after terminate() inference requests may still come, until shutdown
+        _until_stop(ctx)  # after terminate() inference requests may still come, until shutdown
         self.items.put(_END_FEED)
 
     def took_chunk(self) -> None:
