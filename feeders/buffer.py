@@ -14,6 +14,15 @@ Backpressure: a producer waits while the buffer holds ``capacity`` bytes (a sing
 than the buffer is let in when the buffer is empty, so nothing deadlocks). Waiting producers watch
 the stop flag, so shutdown never hangs on a full buffer.
 
+Parking: epochs are pushed in order, one Spark job at a time, but a program may need a later
+epoch before it reads an earlier one (a ``repeat=True`` stream reading ahead into the next
+training epoch while Keras's validation pass waits for its own). When a producer would wait on
+a full buffer while the pass over another epoch has waited with nothing to read for
+``PARK_AFTER`` seconds, its rows are set aside instead (:class:`feeders.epoch.ParkedRows`:
+pushed rows to Arrow IPC files in the cache directory, replayed ones kept as the cache holds
+them), so its push can finish and the starving epoch's rows can come. Memory stays within the
+buffer; the parked rows come back, in order, when that epoch's pass reads them.
+
 Closing: when the consumer's pass over an epoch ends (read to its limit, or left early), the
 epoch is closed: what is queued is dropped and producers of it, waiting or new, get
 :class:`EpochClosed`, so the pushing tasks stop sending it instead of waiting for space that
@@ -22,6 +31,8 @@ would never come.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from collections import deque
@@ -30,11 +41,14 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from feeders.cache import EpochCache
-from feeders.epoch import ConsumerFinished, EpochClosed, EpochInfo, FeedStopped, NodeEpoch
+from feeders.epoch import ConsumerFinished, EpochClosed, EpochInfo, FeedStopped, NodeEpoch, ParkedRows
 from formats.errors import FeedError, SchemaError
 from formats.schema import same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
+
+
+PARK_AFTER = 0.2  # seconds a pass must starve before another epoch's rows are parked
 
 
 class FeedBuffer:
@@ -58,6 +72,7 @@ class FeedBuffer:
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
         self._stalled = 0  # producers waiting on a full buffer right now
+        self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
         self.metrics: dict[str, Any] = {
             "rows_in": 0,
@@ -73,6 +88,7 @@ class FeedBuffer:
             "epochs_begun": 0,
             "epochs_consumed": 0,
             "epochs_left_early": 0,
+            "rows_parked": 0,
             "cache_rows": 0,
             "cache_memory_bytes": 0,
             "cache_spilled_bytes": 0,
@@ -141,15 +157,20 @@ class FeedBuffer:
                 for batch in cache.batches(shuffle=ep.info.shuffle, seed=ep.info.shuffle_seed()):
                     nbytes = batch.nbytes
                     with self._cond:
+                        park = False
                         while not (self._stopped or ep.closed):
-                            if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
+                            park = self._parking(ep, nbytes)
+                            if park or self._bytes == 0 or self._bytes + nbytes <= self.capacity:
                                 break
                             self._cond.wait(0.2)
                         if self._stopped:
                             return
                         if ep.closed:
                             break
-                        self._queue(ep, batch, nbytes)
+                        if park:  # the cache holds the batch: keep a reference, write nothing
+                            self._park(ep, batch, spill=False)
+                        else:
+                            self._queue(ep, batch, nbytes)
             finally:
                 with self._cond:
                     ep.feeding = False
@@ -166,6 +187,49 @@ class FeedBuffer:
         m["batches_in"] += 1
         m["buffer_bytes"] = self._bytes
         m["buffer_peak_bytes"] = max(m["buffer_peak_bytes"], self._bytes)
+        self._cond.notify_all()
+
+    def _parking(self, ep: NodeEpoch, nbytes: int) -> bool:
+        """Set ``ep``'s next batch aside rather than queue it (or wait)?
+
+        Yes once some of it is parked (order is kept). When it would wait on a full buffer
+        while some epoch's pass has been starving for ``PARK_AFTER`` seconds, that pass may
+        need rows queued behind this one: every other epoch's queued rows are parked to make
+        room, and this batch is parked too unless it is the starving epoch's own.
+        """
+        if ep.parked is not None and ep.parked.rows:
+            return True
+        if self._bytes == 0 or self._bytes + nbytes <= self.capacity:
+            return False
+        now = time.monotonic()
+        starving = {e for e, t in self._starving.items() if now - t >= PARK_AFTER}
+        if not starving:
+            return False
+        for e, o in self._epochs.items():
+            if e in starving or o.closed or not o.queue:
+                continue
+            if o.parked is None:
+                o.parked = ParkedRows(self.cache_dir or tempfile.gettempdir(), f"{os.getpid()}-{e}")
+            # replayed or recorded rows are held by their cache already: keep references
+            o.parked.prepend(list(o.queue), spill=o.info.replay is None and o.cache is None)
+            self.metrics["rows_parked"] += sum(b.num_rows for b in o.queue)
+            o.queue.clear()
+            self._bytes -= o.queued_bytes
+            o.queued_bytes = 0
+        self.metrics["buffer_bytes"] = self._bytes
+        self._cond.notify_all()
+        return ep.info.epoch not in starving
+
+    def _park(self, ep: NodeEpoch, batch: pa.RecordBatch, *, spill: bool) -> None:
+        if ep.parked is None:
+            ep.parked = ParkedRows(self.cache_dir or tempfile.gettempdir(), f"{os.getpid()}-{ep.info.epoch}")
+        ep.parked.add(batch, spill=spill)
+        ep.rows_in += batch.num_rows
+        m = self.metrics
+        m["rows_in"] += batch.num_rows
+        m["bytes_in"] += batch.nbytes
+        m["batches_in"] += 1
+        m["rows_parked"] += batch.num_rows
         self._cond.notify_all()
 
     def expect_columns(self, split: str, columns: Iterator[str], filled: Iterator[str]) -> None:
@@ -395,9 +459,13 @@ class FeedBuffer:
                 )
             nbytes = batch.nbytes
             with self._cond:
+                park = False
                 while True:
                     self._check_open(ep)
-                    if ep.closed or self._bytes == 0 or self._bytes + nbytes <= self.capacity:
+                    if ep.closed:
+                        break
+                    park = self._parking(ep, nbytes)
+                    if park or self._bytes == 0 or self._bytes + nbytes <= self.capacity:
                         break
                     self._stall(+1)
                     try:
@@ -420,6 +488,9 @@ class FeedBuffer:
                     ep.cache.add(batch)
                 if ep.closed:  # recording only: the consumer has left this epoch
                     ep.rows_in += batch.num_rows
+                    continue
+                if park:
+                    self._park(ep, batch, spill=True)
                     continue
                 self._queue(ep, batch, nbytes)
         with self._cond:
@@ -466,13 +537,20 @@ class FeedBuffer:
         """
         with self._cond:
             ep = self._epochs[epoch]
-            while True:
-                if self._stopped:
-                    raise FeedStopped("the node is shutting down")
-                if ep.queue or (ep.limit is not None and not ep.feeding):
-                    break
-                self._cond.wait(0.5)
+            try:
+                while True:
+                    if self._stopped:
+                        raise FeedStopped("the node is shutting down")
+                    if ep.queue or (ep.parked is not None and ep.parked.rows) or (
+                            ep.limit is not None and not ep.feeding):
+                        break
+                    self._starving.setdefault(epoch, time.monotonic())
+                    self._cond.wait(0.2)
+            finally:
+                self._starving.pop(epoch, None)
             out = list(ep.queue)
+            if ep.parked is not None and ep.parked.rows:
+                out += ep.parked.pop()  # parked after everything queued: order is kept
             ep.queue.clear()
             self._bytes -= ep.queued_bytes
             ep.queued_bytes = 0
@@ -510,6 +588,8 @@ class FeedBuffer:
         self._bytes -= ep.queued_bytes
         ep.queued_bytes = 0
         ep.queue.clear()
+        if ep.parked is not None:
+            ep.parked.clear()
         self.metrics["buffer_bytes"] = self._bytes
 
     def snapshot(self) -> dict[str, Any]:

@@ -7,14 +7,16 @@ are what producers and consumers of the buffer are told when they must give up.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
 from feeders.cache import EpochCache
 
-__all__ = ["FeedStopped", "ConsumerFinished", "EpochClosed", "EpochInfo", "NodeEpoch"]
+__all__ = ["FeedStopped", "ConsumerFinished", "EpochClosed", "EpochInfo", "NodeEpoch", "ParkedRows"]
 
 
 class FeedStopped(Exception):
@@ -52,6 +54,70 @@ class EpochInfo:
         return [self.seed if self.seed is not None else 0, self.epoch, *salt]
 
 
+class ParkedRows:
+    """Rows of one epoch set aside, in arrival order, while the buffer is full and another
+    epoch's pass starves (see ``FeedBuffer.put_stream``): pushed rows go to Arrow IPC files in
+    the node's cache directory, replayed rows (already held by their cache) are kept as they
+    are. :meth:`pop` hands them all back and forgets them."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self.rows = 0
+        self.bytes_on_disk = 0
+        self._items: list[Any] = []  # a RecordBatch, or (file index, batch index) on disk
+        self._files: list[str] = []
+        self._writer: Any = None
+        self._written = 0
+
+    def add(self, batch: pa.RecordBatch, *, spill: bool) -> None:
+        self._items.append(self._store(batch, spill))
+        self.rows += batch.num_rows
+
+    def prepend(self, batches: list[pa.RecordBatch], *, spill: bool) -> None:
+        """Set aside ``batches`` (queued before anything parked so far) ahead of the rest."""
+        self._items[:0] = [self._store(b, spill) for b in batches]
+        self.rows += sum(b.num_rows for b in batches)
+
+    def _store(self, batch: pa.RecordBatch, spill: bool) -> Any:
+        if spill:
+            if self._writer is None:
+                os.makedirs(self.directory, exist_ok=True)
+                path = os.path.join(self.directory, f"parked-{self.name}-{len(self._files)}.arrow")
+                self._files.append(path)
+                self._writer = pa.ipc.new_file(path, batch.schema)
+                self._written = 0
+            self._writer.write_batch(batch)
+            self._written += 1
+            self.bytes_on_disk += batch.nbytes
+            return (len(self._files) - 1, self._written - 1)
+        return batch
+
+    def pop(self) -> list[pa.RecordBatch]:
+        """Every parked batch, in order (spilled ones memory-mapped); the files are removed."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        readers = {i: pa.ipc.open_file(pa.memory_map(f, "r")) for i, f in enumerate(self._files)}
+        out = [it if isinstance(it, pa.RecordBatch) else readers[it[0]].get_batch(it[1])
+               for it in self._items]
+        self.clear()
+        return out
+
+    def clear(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        for f in self._files:  # a memory-mapped batch stays readable after its file goes
+            try:
+                os.remove(f)
+            except OSError:
+                pass
+        self._files = []
+        self._items = []
+        self.rows = 0
+
+
 @dataclass
 class NodeEpoch:
     """One announced epoch on a node: its queue, dedupe marks and where its pass stands."""
@@ -69,3 +135,4 @@ class NodeEpoch:
     complete: bool = False  # ... by reaching the limit
     feeding: bool = False  # rows are still being replayed from the cache
     cache: EpochCache | None = None  # recording into it
+    parked: ParkedRows | None = None  # rows set aside while another pass starved

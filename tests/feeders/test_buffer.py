@@ -246,3 +246,54 @@ def test_without_skip_older_validation_epochs_wait_for_their_pass():
         buf.begin_epoch(EpochInfo(e, SCHEMA, split="validation"))
     assert buf.skip_announced("validation", before=5) == [4]
     assert buf.claim_epoch("validation") == 5
+
+
+def test_rows_of_an_epoch_read_later_are_parked_while_another_pass_starves(tmp_path):
+    # Pushes come in epoch order, one job at a time. A pass that needs epoch 1 before anyone
+    # reads epoch 0 (a repeat=True stream reading ahead while Keras's validation pass waits)
+    # must not wedge the push of epoch 0 on a full buffer: after PARK_AFTER its rows are set
+    # aside on disk, its push finishes, and they come back in order when epoch 0 is read.
+    from feeders.buffer import PARK_AFTER
+
+    buf = FeedBuffer(4096, cache_dir=str(tmp_path))  # 512 int64 rows
+    buf.begin_epoch(EpochInfo(0, SCHEMA, split="validation"))
+    buf.begin_epoch(EpochInfo(1, SCHEMA))
+    got1: list[int] = []
+
+    def read_epoch_1() -> None:
+        got1.extend(_drain(buf, 1))
+
+    reader = threading.Thread(target=read_epoch_1)
+    reader.start()  # starves: epoch 1's rows come only after epoch 0's push
+    t0 = time.monotonic()
+    assert buf.put_stream(0, 0, _batches(0, 5000, 100)) == 5000  # ~10x the buffer
+    took = time.monotonic() - t0
+    assert PARK_AFTER <= took < 5, took
+    assert buf.snapshot()["buffer_bytes"] <= 4096 and buf.snapshot()["rows_parked"] > 4000
+    parked_files = list(tmp_path.iterdir())
+    assert parked_files and all(p.name.startswith("parked-") for p in parked_files)
+    buf.end_epoch(0, 5000)
+    assert buf.put_stream(1, 0, _batches(10_000, 10_300, 100)) == 300
+    buf.end_epoch(1, 300)
+    reader.join(10)
+    assert got1 == list(range(10_000, 10_300))
+    assert _drain(buf, 0) == list(range(5000))  # queued first, then parked: arrival order
+    assert list(tmp_path.iterdir()) == []  # read back and removed
+    # nothing starves now: a full buffer makes producers wait again, nothing is parked
+    buf.begin_epoch(EpochInfo(2, SCHEMA))
+    before = buf.snapshot()["rows_parked"]
+    done = threading.Event()
+
+    def push_epoch_2() -> None:
+        try:
+            buf.put_stream(2, 0, _batches(0, 2000, 100))
+        except FeedStopped:
+            return
+        done.set()
+
+    producer = threading.Thread(target=push_epoch_2)
+    producer.start()
+    assert not done.wait(3 * PARK_AFTER) and buf.snapshot()["rows_parked"] == before
+    buf.stop()
+    producer.join(5)
+    assert not producer.is_alive() and not done.is_set()
