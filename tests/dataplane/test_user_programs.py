@@ -459,7 +459,7 @@ def keras_schedule_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     done("freq", model.fit(train, validation_data=val, epochs=3, validation_freq=2, verbose=0))
-    done("stream", model.fit(stream, validation_data=val, epochs=4, steps_per_epoch=8,
+    done("stream", model.fit(stream, validation_data=val, epochs=4, steps_per_epoch=25,
                              validation_freq=2, verbose=0))
     # loss + 1e9 never beats the best loss: EarlyStopping stops after the second epoch
     stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
@@ -469,10 +469,10 @@ def keras_schedule_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never_read(spark, tmp_path):
-    """Two MWMS workers, a 64 KiB buffer. ``fit(validation_freq=2)`` skips every other
-    validation pass, over a validation DataFrame about twice a worker's buffer; then the same
-    on a ``repeat=True`` stream; then a ``fit`` that never reads the validation split and is
-    ended by ``EarlyStopping``. Every call returns at once (they waited for feed_timeout: a
+    """Two MWMS workers, a 64 KiB buffer, a validation DataFrame about twice a worker's buffer.
+    ``fit(validation_freq=2)`` skips every other validation pass; then the same on a
+    ``repeat=True`` stream with ``steps_per_epoch``; then a ``fit`` that never reads the
+    validation split and is ended by ``EarlyStopping``. Every call returns at once (they waited for feed_timeout: a
     skipped validation epoch bigger than the buffer also wedged the next training epoch's
     push), the books balance, the report says why rows went unread, and shutdown does not wait
     for a main blocked in ``ctx.wait_stop()``."""
@@ -504,17 +504,19 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
                    for m in report.messages if "validation_freq=k" in m)
         assert sum(report.rows_unconsumed.values()) == 2 * val_rows, report
 
-        # one stream over the pushed epochs; the validation set fits the buffer here (a bigger
-        # one stalls when fit's epochs do not line up with pushed epochs: see docs/design.md)
-        small_val = _frame(spark, 100_000, 300, 2)
+        # one stream over the pushed epochs, whose fit epochs (25 steps) do not line up with the
+        # pushed ones: the stream reads ahead into the next training epoch while the validation
+        # epoch before it, twice a worker's buffer, is still being pushed (it stalled until
+        # feed_timeout before the node parked such rows on disk)
         before = _rows_out(cluster)
         t0 = time.monotonic()
-        report = cluster.train(df, 4, FEED_TIMEOUT, validation=small_val)
+        report = cluster.train(df, 4, FEED_TIMEOUT, validation=val)
         assert time.monotonic() - t0 < FEED_TIMEOUT / 2
         _balanced(cluster, report, before)
         for n in workers:
             assert wait_json(tmp_path / f"node{n}-stream.json") == {"loss": 4, "val_loss": 2}
-        # 4 x 8 steps read about 1.7 of the 4 pushed training epochs; Keras validated twice,
+        # 4 x 25 steps of 16 rows a worker read about 2.7 of the 4 pushed training epochs (Keras
+        # splits each 32-row batch over the 2 replicas); Keras validated twice,
         # and the validation epochs after the last training epochs were closed unread
         e = report.epochs
         assert f"epoch {e[7]}" in skipped(report), report.messages
