@@ -208,10 +208,8 @@ class FeedBuffer:
         for e, o in self._epochs.items():
             if e in starving or o.closed or not o.queue:
                 continue
-            if o.parked is None:
-                o.parked = ParkedRows(self.cache_dir or tempfile.gettempdir(), f"{os.getpid()}-{e}")
             # replayed or recorded rows are held by their cache already: keep references
-            o.parked.prepend(list(o.queue), spill=o.info.replay is None and o.cache is None)
+            self._parked_rows(o).prepend(list(o.queue), spill=o.info.replay is None and o.cache is None)
             self.metrics["rows_parked"] += sum(b.num_rows for b in o.queue)
             o.queue.clear()
             self._bytes -= o.queued_bytes
@@ -220,10 +218,13 @@ class FeedBuffer:
         self._cond.notify_all()
         return ep.info.epoch not in starving
 
-    def _park(self, ep: NodeEpoch, batch: pa.RecordBatch, *, spill: bool) -> None:
+    def _parked_rows(self, ep: NodeEpoch) -> ParkedRows:
         if ep.parked is None:
             ep.parked = ParkedRows(self.cache_dir or tempfile.gettempdir(), f"{os.getpid()}-{ep.info.epoch}")
-        ep.parked.add(batch, spill=spill)
+        return ep.parked
+
+    def _park(self, ep: NodeEpoch, batch: pa.RecordBatch, *, spill: bool) -> None:
+        self._parked_rows(ep).add(batch, spill=spill)
         ep.rows_in += batch.num_rows
         m = self.metrics
         m["rows_in"] += batch.num_rows

@@ -108,6 +108,12 @@ class _Cached:
     assigned: dict[int, int] = field(default_factory=dict)  # node -> rows recorded for it
 
 
+def _unstarted(states: dict[int, EpochState]) -> list[int]:
+    """Nodes whose main runs but that have read none of an epoch (their pass is still open)."""
+    return sorted(nid for nid, st in states.items()
+                  if st.main == "running" and not st.closed and st.emitted == 0)
+
+
 class Feeder:
     """Feed orchestration for one cluster: push jobs, epochs, the accounting.
 
@@ -343,8 +349,7 @@ class Feeder:
         except Exception:  # noqa: BLE001 - the timeout error stands without this
             return ""
         states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
-        idle = sorted(nid for nid, st in states.items()
-                      if st.main == "running" and not st.closed and st.emitted == 0)
+        idle = _unstarted(states)
         if not idle:
             return ""
         return (
@@ -411,8 +416,7 @@ class Feeder:
                 if err is not None:
                     raise err
                 if time.monotonic() > deadline:
-                    idle = sorted(nid for nid, st in states.items()
-                                  if not st.closed and st.main == "running" and st.emitted == 0)
+                    idle = _unstarted(states)
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
                         f"{idle or sorted(states)} did not finish reading it within "
