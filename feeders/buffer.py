@@ -31,6 +31,7 @@ would never come.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -49,6 +50,11 @@ __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochC
 
 
 PARK_AFTER = 0.2  # seconds a pass must starve before another epoch's rows are parked
+# A further pass that has waited this long for the driver's next train() call says so once in
+# the node's log (model.evaluate(ds) after fit reads a pass no train() call pushes).
+WAIT_HINT_AFTER = 30.0
+
+logger = logging.getLogger(__name__)
 
 
 class FeedBuffer:
@@ -274,17 +280,24 @@ class FeedBuffer:
         self.metrics["cache_memory_bytes"] = sum(c.memory_used for c in caches)
         self.metrics["cache_spilled_bytes"] = sum(c.spilled_bytes for c in caches)
 
-    def _await(self, ready: Callable[[], bool], timeout: float | None, *, idle: bool) -> bool:
+    def _await(self, ready: Callable[[], bool], timeout: float | None, *, idle: bool,
+               hint: Callable[[], str] | None = None) -> bool:
         """Wait (holding ``_cond``) until ``ready()``; False if the node stopped or ``timeout``
         passed first. ``idle``: the caller is a consumer waiting for the driver's next move
-        (counted in ``idle_waiters``, which tells the driver main is safe to stop)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        (counted in ``idle_waiters``, which tells the driver main is safe to stop). ``hint``:
+        logged once if the wait lasts :data:`WAIT_HINT_AFTER` seconds."""
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
         self.idle_waiters += idle
         try:
             while not ready():
-                left = None if deadline is None else deadline - time.monotonic()
+                now = time.monotonic()
+                left = None if deadline is None else deadline - now
                 if self._stopped or (left is not None and left <= 0):
                     return False
+                if hint is not None and now - start >= WAIT_HINT_AFTER:
+                    logger.info("%s", hint())
+                    hint = None
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
             return True
         finally:
@@ -316,12 +329,25 @@ class FeedBuffer:
         with self._cond:
             if skip_older is not None and not self._announced.get(split):
                 self.skip_announced(skip_older)  # nothing left to train on in this call
-            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True):
+            read = sum(1 for ep in self._epochs.values() if ep.info.split == split)
+            hint = (lambda: self._waiting_hint(split, read)) if read else None
+            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True, hint=hint):
                 return None
             epoch = self._announced[split].popleft()
             if skip_older is not None:
                 self.skip_announced(skip_older, before=epoch)
             return epoch
+
+    def _waiting_hint(self, split: str, read: int) -> str:
+        return (
+            f"a pass over ctx.dataset(split={split!r}) has waited {WAIT_HINT_AFTER:.0f} s for the "
+            f"driver's next cluster.train() call: all {read} {split} epoch(s) pushed so far were "
+            f"claimed by earlier passes. Expected while the driver works between train() calls; "
+            f"if train() has returned and main reads more passes than it pushed (for example "
+            f"model.evaluate(ds) or a second fit after fit), this pass gets rows only from a "
+            f"later train() call and ends empty at shutdown: read one pass per pushed epoch, or "
+            f"evaluate on a dataset of its own (a pull reader, or train(validation=...))."
+        )
 
     def peek_epoch(self, split: str = "train", timeout: float | None = None) -> EpochInfo | None:
         """The info of the epoch the next pass over ``split`` would claim (waits for one)."""

@@ -236,6 +236,25 @@ def test_a_training_pass_closes_the_validation_epochs_it_has_passed():
     assert buf.epoch_state(5)["ended_feed"] is False and buf.epoch_state(6)["ended_feed"] is True
 
 
+def test_a_further_pass_waiting_for_the_next_train_call_says_so_once(monkeypatch, caplog):
+    # fit, then model.evaluate(ds): the evaluate pass waits for an epoch no train() call pushes
+    import feeders.buffer as fb
+
+    monkeypatch.setattr(fb, "WAIT_HINT_AFTER", 0.05)
+    buf = FeedBuffer(1 << 20)
+    with caplog.at_level("INFO", logger="feeders.buffer"):
+        # the first pass waits for the first train() call: nothing to say
+        assert buf.claim_epoch("train", timeout=0.2) is None
+        assert not caplog.records
+        _announce(buf, "train", "train")
+        assert buf.claim_epoch("train") == 0 and buf.claim_epoch("train") == 1
+        assert buf.claim_epoch("train", timeout=1.2) is None
+    hints = [r.getMessage() for r in caplog.records]
+    assert len(hints) == 1, hints
+    assert "ctx.dataset(split='train') has waited" in hints[0]
+    assert "all 2 train epoch(s) pushed so far" in hints[0] and "model.evaluate(ds)" in hints[0]
+
+
 def test_without_skip_older_validation_epochs_wait_for_their_pass():
     buf = FeedBuffer(1 << 20)
     _announce(buf, "train", "validation", "train", "validation")
