@@ -33,7 +33,7 @@ _SCRIPT = textwrap.dedent(
         spark = (b.master("local-cluster[2,1,1024]").config("spark.driver.host", "127.0.0.1")
                  .config("spark.executor.memory", "512m").getOrCreate())
     result = {"session": type(spark).__module__}
-    with dataplane.run(spark, feed_main, {"dir": out, "batch_size": 50}, num_nodes=2) as c:
+    with dataplane.run(spark, feed_main, {"dir": out, "batch_size": 50, "keep_ids": True}, num_nodes=2) as c:
         result["pids"] = [n.pid for n in c.nodes]
         df = make_df(spark, 1000, 3)
         rep = c.train(df, num_epochs=2)
@@ -41,8 +41,11 @@ _SCRIPT = textwrap.dedent(
         pdf = c.inference(df, passthrough=("id",)).toPandas()
         result["inference"] = [len(pdf), int(pdf["id"].nunique()),
                                bool(((pdf["y"] - pdf["id"]).abs() < 1e-9).all())]
+        # push once, replay shuffled: one Spark job for both epochs
+        rep = c.train(df, num_epochs=2, cache=True, shuffle=True, seed=7)
+        result["cached"] = [rep.rows, rep.spark_jobs, rep.epochs]
         deadline = time.monotonic() + 120
-        while len(glob.glob(os.path.join(out, "node*-epoch1.json"))) < 2 and time.monotonic() < deadline:
+        while len(glob.glob(os.path.join(out, "node*-epoch3.json"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
@@ -62,11 +65,17 @@ def _run(mode: str, tmp_path) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT "):])
-    for epoch in (0, 1):
+    order = {}
+    for epoch in (0, 1, 2, 3):
         res = [json.loads((out / f"node{i}-epoch{epoch}.json").read_text()) for i in (0, 1)]
         assert (sum(r["count"] for r in res), sum(r["sumsq"] for r in res)) == row_checksum(np.arange(1000))
         assert res[0]["batches"] == res[1]["batches"]
+        order[epoch] = [r["ids"] for r in res]
+    # the cached epochs hold each node's same rows, in orders of their own
+    for i in (0, 1):
+        assert sorted(order[2][i]) == sorted(order[3][i]) and order[2][i] != order[3][i]
     assert result["rows"] == 2000 and sum(result["per_node"].values()) == 2000
+    assert result["cached"] == [2000, 1, [2, 3]]
     assert result["inference"] == [1000, 1000, True]
     wait_gone(result["pids"], 15)
     return result
