@@ -182,6 +182,27 @@ def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, mon
     assert dup == 300
 
 
+def test_a_task_retried_while_recording_the_cache_replays_every_row_once(spark, cluster, feed_dir, monkeypatch):
+    # the failed attempt's 300 rows reach the nodes' caches before the retry sends them again:
+    # the cache must hold them once, or every replayed epoch repeats them
+    import feeders.push
+
+    rows = 2000
+    before = sum(m["rows_duplicate"] for m in cluster.metrics().values())
+    monkeypatch.setattr(feeders.push, "PartitionPusher", FailingPusher)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        report = cluster.train(make_df(spark, rows, 2), num_epochs=3, cache=True, shuffle=True, seed=3)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    for _ in range(3):
+        check_epoch(epoch_results(feed_dir, _Epochs.next, [0, 1]), rows)
+        _Epochs.next += 1
+    assert (report.rows, report.spark_jobs, report.dropped_for_balance) == (3 * rows, 1, 0)
+    assert report.rows_unconsumed == {}
+    assert sum(m["rows_duplicate"] for m in cluster.metrics().values()) - before == 300
+
+
 def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
     rows = 24_000  # ~0.5 MB of Arrow data a node, twice its buffer: producers must wait
     stalled = {n: mm["stall_seconds"] for n, mm in cluster.metrics().items()}
@@ -213,7 +234,8 @@ def test_metrics_count_what_was_pushed(cluster):
             assert key in mm
         assert mm["rows_in"] > 0 and mm["bytes_in"] > 0 and mm["batches_in"] > 0
         assert mm["serving"] is True  # feed_main serves from a thread all along
-    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 515 + 3 * 600 + 2000 + 24_000
+    # every epoch the tests above fed, in order; a cached epoch's replays count as they are fed
+    assert sum(mm["rows_in"] for mm in m.values()) == 3 * 3000 + 515 + 3 * 600 + 2000 + 3 * 2000 + 24_000
 
 
 def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):
