@@ -376,7 +376,8 @@ def _list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray | RaggedColumn:
     if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
+        # one chunk: use it as it is (combine_chunks copies even then, e.g. list columns)
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
     if not spec.shape:
         return _flat_values(name, arr, spec)
     # Nested list column: walk down, collecting row splits, checking list-level nulls.
