@@ -162,22 +162,28 @@ class FailingPusher(PartitionPusher):
         yield from super().__call__(failing())
 
 
-def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, monkeypatch):
+def _train_with_a_failed_attempt(spark, cluster, monkeypatch, rows: int, **train_kw):
+    """``cluster.train`` of ``rows`` rows in 50-row Arrow batches, partition 1's first attempt
+    failing after six of them (FailingPusher); returns (report, rows counted as duplicates)."""
     import feeders.push
 
-    rows = 2000
     before = sum(m["rows_duplicate"] for m in cluster.metrics().values())
     monkeypatch.setattr(feeders.push, "PartitionPusher", FailingPusher)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     try:
-        report = cluster.train(make_df(spark, rows, 2))
+        report = cluster.train(make_df(spark, rows, 2), **train_kw)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    return report, sum(m["rows_duplicate"] for m in cluster.metrics().values()) - before
+
+
+def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, monkeypatch):
+    rows = 2000
+    report, dup = _train_with_a_failed_attempt(spark, cluster, monkeypatch, rows)
     res = epoch_results(feed_dir, _Epochs.next, [0, 1])
     _Epochs.next += 1
     check_epoch(res, rows)
     assert report.rows == rows
-    dup = sum(m["rows_duplicate"] for m in cluster.metrics().values()) - before
     # six 50-row batches of partition 1 were pushed by the failed attempt and re-sent by the retry
     assert dup == 300
 
@@ -185,22 +191,15 @@ def test_retried_task_feeds_every_row_exactly_once(spark, cluster, feed_dir, mon
 def test_a_task_retried_while_recording_the_cache_replays_every_row_once(spark, cluster, feed_dir, monkeypatch):
     # the failed attempt's 300 rows reach the nodes' caches before the retry sends them again:
     # the cache must hold them once, or every replayed epoch repeats them
-    import feeders.push
-
     rows = 2000
-    before = sum(m["rows_duplicate"] for m in cluster.metrics().values())
-    monkeypatch.setattr(feeders.push, "PartitionPusher", FailingPusher)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
-    try:
-        report = cluster.train(make_df(spark, rows, 2), num_epochs=3, cache=True, shuffle=True, seed=3)
-    finally:
-        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    report, dup = _train_with_a_failed_attempt(spark, cluster, monkeypatch, rows, num_epochs=3,
+                                               cache=True, shuffle=True, seed=3)
     for _ in range(3):
         check_epoch(epoch_results(feed_dir, _Epochs.next, [0, 1]), rows)
         _Epochs.next += 1
     assert (report.rows, report.spark_jobs, report.dropped_for_balance) == (3 * rows, 1, 0)
     assert report.rows_unconsumed == {}
-    assert sum(m["rows_duplicate"] for m in cluster.metrics().values()) - before == 300
+    assert dup == 300
 
 
 def test_slow_consumer_keeps_the_buffer_bounded(spark, cluster, feed_dir):
