@@ -285,7 +285,8 @@ class FeedBuffer:
         """Wait (holding ``_cond``) until ``ready()``; False if the node stopped or ``timeout``
         passed first. ``idle``: the caller is a consumer waiting for the driver's next move
         (counted in ``idle_waiters``, which tells the driver main is safe to stop). ``hint``:
-        logged once if the wait lasts :data:`WAIT_HINT_AFTER` seconds."""
+        called once if the wait lasts :data:`WAIT_HINT_AFTER` seconds; what it returns, if
+        anything, is logged."""
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         self.idle_waiters += idle
@@ -296,8 +297,9 @@ class FeedBuffer:
                 if self._stopped or (left is not None and left <= 0):
                     return False
                 if hint is not None and now - start >= WAIT_HINT_AFTER:
-                    logger.info("%s", hint())
-                    hint = None
+                    message, hint = hint(), None
+                    if message:
+                        logger.info("%s", message)
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
             return True
         finally:
@@ -329,16 +331,20 @@ class FeedBuffer:
         with self._cond:
             if skip_older is not None and not self._announced.get(split):
                 self.skip_announced(skip_older)  # nothing left to train on in this call
-            read = sum(1 for ep in self._epochs.values() if ep.info.split == split)
-            hint = (lambda: self._waiting_hint(split, read)) if read else None
-            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True, hint=hint):
+            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True,
+                               hint=lambda: self._waiting_hint(split)):
                 return None
             epoch = self._announced[split].popleft()
             if skip_older is not None:
                 self.skip_announced(skip_older, before=epoch)
             return epoch
 
-    def _waiting_hint(self, split: str, read: int) -> str:
+    def _waiting_hint(self, split: str) -> str | None:
+        """Why a pass may wait for nothing, if earlier passes read every pushed epoch (None on
+        the first pass: waiting for the first train() call is normal)."""
+        read = sum(1 for ep in self._epochs.values() if ep.info.split == split)
+        if not read:
+            return None
         return (
             f"a pass over ctx.dataset(split={split!r}) has waited {WAIT_HINT_AFTER:.0f} s for the "
             f"driver's next cluster.train() call: all {read} {split} epoch(s) pushed so far were "
