@@ -152,11 +152,8 @@ def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[
 
 # Narrow rows: the generator hands tf.data several batches at once (up to this many bytes) and
 # Dataset.rebatch cuts them in C++, so the per-call cost of the Python source (a py_func and a
-# conversion per column) is paid once per item instead of once per batch.
-# 8 MiB rather than 1 MiB: 256-row MNIST batches (0.8 MB) went one per call at 1 MiB, and a
-# cached replay's pass took 0.12 s against 0.06 s at 8 MiB (from_tensor_slices: 0.05-0.06 s);
-# in fit, offline in one process, replays went from 0.91x to 0.97-1.0x of in-memory epochs
-# (in the bench, 0.93-0.96x; 2026-11-26, RESULTS.md).
+# conversion per column) is paid once per item instead of once per batch. 8 MiB keeps 256-row
+# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md.
 _ITEM_BYTES = 8 << 20
 _MAX_BATCHES_PER_ITEM = 64
 
