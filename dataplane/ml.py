@@ -268,11 +268,14 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
         from formats.export import spark_arrow_schema
         from formats.schema import column_specs
 
+        from formats.vectors import vector_columns
+
+        vectors = vector_columns(dataset.schema)  # pushed as float64 arrays
         try:
             from pyspark.sql.types import StructType
 
-            fields = StructType([f for f in dataset.schema.fields if f.name in wanted])
-            column_specs(spark_arrow_schema(fields), columns=wanted)
+            fields = StructType([f for f in dataset.schema.fields if f.name in wanted and f.name not in vectors])
+            column_specs(spark_arrow_schema(fields), columns=[f.name for f in fields])
         except SchemaError as exc:
             raise SchemaError(f"TFEstimator.fit: {exc}") from exc
         export = self.getExportDir()

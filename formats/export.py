@@ -23,6 +23,7 @@ from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
+from formats.vectors import dense_vectors
 
 __all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
 
@@ -167,6 +168,7 @@ def write_tfrecords(
             "write_tfrecords: the DataFrame has no columns, so its records would be empty. "
             "Select the columns to write (df.select('features', 'label'))."
         )
+    df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     arrow_schema = spark_arrow_schema(df.schema)
     specs = column_specs(arrow_schema, flatten_structs=flatten_structs)
     out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode)

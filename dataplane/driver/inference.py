@@ -34,7 +34,9 @@ def inference(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from feeders.push import PartitionInferrer
+    from formats.vectors import dense_vectors
 
+    df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     in_schema = arrow_schema_of(df)
     passthrough = list(passthrough)
     for c in passthrough:

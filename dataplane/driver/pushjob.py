@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.sparkjobs import SparkJob, is_connect
+from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
 from dataplane.errors import FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
@@ -102,7 +102,8 @@ class PushJobs:
         self._node_timeout = node_timeout
         self._failure = failure
         self._push_frame: tuple[Any, ...] | None = None  # the reusable push job (classic Spark)
-        self._shapes: dict[int, tuple[Any, dict[str, tuple[int, ...]]]] = {}
+        self._shapes = PerDataFrame()
+        self._arrays = PerDataFrame()
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
             what: str, deadline: float, timeout: float,
@@ -116,19 +117,17 @@ class PushJobs:
     def shapes(self, df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
         repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
-        import weakref
+        return self._shapes.get(df, lambda: array_shapes(df, schema))
 
-        hit = self._shapes.get(id(df))
-        if hit is not None and hit[0]() is df:
-            return hit[1]
-        shapes = array_shapes(df, schema)
-        try:
-            self._shapes[id(df)] = (weakref.ref(df), shapes)
-        except TypeError:  # not weak-referenceable: just do not cache
-            pass
-        if len(self._shapes) > 64:
-            self._shapes = {k: v for k, v in self._shapes.items() if v[0]() is not None}
-        return shapes
+    def as_arrays(self, df: Any) -> Any:
+        """``df`` with its Spark ML vector columns as arrays (:mod:`formats.vectors`): the
+        same DataFrame object for the same ``df`` while it is alive, so its push job, shapes
+        and node caches are reused as for any other DataFrame."""
+        from formats.vectors import dense_vectors, vector_columns
+
+        if not vector_columns(df.schema):
+            return df
+        return self._arrays.get(df, lambda: dense_vectors(df))
 
     def _concurrent_tasks(self) -> int:
         """Task slots that may push at once (chunks are sized so that all of them together

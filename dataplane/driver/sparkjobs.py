@@ -11,7 +11,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable
 
-__all__ = ["SparkJob", "is_connect", "arrow_schema_of", "sample_arrow"]
+__all__ = ["SparkJob", "PerDataFrame", "is_connect", "arrow_schema_of", "sample_arrow"]
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +19,31 @@ logger = logging.getLogger(__name__)
 def is_connect(spark: Any) -> bool:
     """True for a Spark Connect session (``SparkSession.builder.remote(...)``)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class PerDataFrame:
+    """Values worked out once per live DataFrame object (by identity), so repeated
+    ``train(df)`` calls on the same DataFrame neither rerun a Spark query nor build new plans;
+    an entry goes when its DataFrame does."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._entries: dict[int, tuple[Any, Any]] = {}
+        self._limit = limit
+
+    def get(self, df: Any, make: Callable[[], Any]) -> Any:
+        import weakref
+
+        hit = self._entries.get(id(df))
+        if hit is not None and hit[0]() is df:
+            return hit[1]
+        value = make()
+        try:
+            self._entries[id(df)] = (weakref.ref(df), value)
+        except TypeError:  # not weak-referenceable: just do not remember
+            pass
+        if len(self._entries) > self._limit:
+            self._entries = {k: v for k, v in self._entries.items() if v[0]() is not None}
+        return value
 
 
 class SparkJob:

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
 from formats.schema import RaggedColumn, column_specs, to_numpy
+from formats.vectors import vector_as_array, vector_columns
 
 __all__ = ["predict", "Predictor", "load_predictor"]
 
@@ -262,16 +263,18 @@ def _dense_shapes(batch: pa.RecordBatch, cols: Sequence[str]) -> dict[str, tuple
     return shapes
 
 
-def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str]) -> None:
+def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str],
+                         shown: dict[str, str] | None = None) -> None:
     """A null, or a list column whose rows differ in length, cannot feed a model input: name
-    the column, the rows and the fix (to_numpy's advice, fill_values= or declaring the column
-    ragged, is for the readers, not for predict)."""
+    the column (as ``shown`` names it to the user, if given), the rows and the fix (to_numpy's
+    advice, fill_values= or declaring the column ragged, is for the readers, not for predict)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     where = f"partition {ctx.partitionId()}" if ctx is not None else "this batch"
-    for c in cols:
-        arr = batch.column(c)
+    for col in cols:
+        arr = batch.column(col)
+        c = (shown or {}).get(col, col)
         if arr.null_count:
             first = int(np.argmax(np.asarray(arr.is_null())))
             raise SchemaError(
@@ -305,9 +308,13 @@ class _PredictBatches:
         batch_size: int,
         layer: str | None,
         loader: Callable,
+        sources: dict[str, str] | None = None,
     ) -> None:
         self.model_path = model_path
         self.input_cols = input_cols
+        # input column -> the column holding its values as an array (a Spark ML vector's
+        # vector_to_array copy, dropped from the output); the others hold their own values
+        self.sources = dict(sources or {})
         self.output_col = output_col
         self.output_type = output_type
         self.batch_size = batch_size
@@ -335,15 +342,17 @@ class _PredictBatches:
         prepare_task()
         predictor = _cached_predictor(self.model_path, self.layer, self.input_cols, self.loader)
         field = pa.field(self.output_col, self.output_type)
+        feed = [self.sources.get(c, c) for c in self.input_cols]
+        named = dict(zip(feed, self.input_cols))
+        hidden = set(self.sources.values())
         for batch in batches:
+            keep = [i for i, name in enumerate(batch.schema.names) if name not in hidden]
+            schema = pa.schema([batch.schema.field(i) for i in keep]).append(field)
             for start in range(0, batch.num_rows, self.batch_size):
                 chunk = batch.slice(start, self.batch_size)
-                _check_equal_lengths(chunk, self.input_cols)
-                specs = column_specs(
-                    chunk.schema, columns=self.input_cols,
-                    shapes=_dense_shapes(chunk, self.input_cols),
-                )
-                arrays = to_numpy(chunk, specs)
+                _check_equal_lengths(chunk, feed, named)
+                specs = column_specs(chunk.schema, columns=feed, shapes=_dense_shapes(chunk, feed))
+                arrays = {named[k]: a for k, a in to_numpy(chunk, specs).items()}
                 for name, a in arrays.items():
                     if isinstance(a, RaggedColumn):
                         raise SchemaError(
@@ -353,8 +362,8 @@ class _PredictBatches:
                         )
                 out = predictor(arrays)
                 yield pa.RecordBatch.from_arrays(
-                    [*chunk.columns, self._column(out, chunk.num_rows)],
-                    schema=chunk.schema.append(field),
+                    [*(chunk.column(i) for i in keep), self._column(out, chunk.num_rows)],
+                    schema=schema,
                 )
 
 
@@ -433,7 +442,14 @@ def predict(
             f"predict: output_col {output_col!r} is empty or already a column of the DataFrame "
             f"({df.columns}); pick a new name, e.g. output_col='prediction_1'."
         )
-    _check_input_types(df, list(input_cols))
+    cols = list(input_cols)
+    # Spark ML vector inputs (VectorAssembler's) reach the model as float64 arrays, from hidden
+    # vector_to_array copies; the vector columns themselves come back unchanged.
+    sources = {c: f"__dataplane_array_{c}" for c in cols if c in vector_columns(df.schema)}
+    frame = df
+    if sources:
+        frame = df.withColumns({h: vector_as_array(c) for c, h in sources.items()})
+    _check_input_types(frame, [sources.get(c, c) for c in cols])
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"predict: batch_size must be an int >= 1, got {batch_size!r}.")
     if output_shape is not None and (
@@ -465,7 +481,6 @@ def predict(
             )
         model_path = os.path.abspath(model_path)
     loader = loader or load_predictor
-    cols = list(input_cols)
     if output_shape is None:
         probe = _cached_predictor(model_path, layer, cols, loader)
         output_shape, output_dtype = probe.output_shape, probe.output_dtype
@@ -483,5 +498,6 @@ def predict(
         batch_size=batch_size,
         layer=layer,
         loader=loader,
+        sources=sources,
     )
-    return df.mapInArrow(fn, schema)
+    return frame.mapInArrow(fn, schema)

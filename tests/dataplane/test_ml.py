@@ -107,3 +107,28 @@ def test_fit_argument_errors(spark, digits):
         TFEstimator(digits_train_fn, inputCols=["pixels"]).fit(train)
     with pytest.raises(TypeError, match="no train_fn"):
         TFEstimator(inputCols=["pixels"], exportDir="/tmp/x").fit(train)
+
+
+def test_pipeline_on_spark_ml_vector_features(digits, tmp_path):
+    """The usual Spark ML pipeline: a scaler's vector column feeds TFEstimator as it is."""
+    import keras
+    from pyspark.ml.feature import StandardScaler
+    from pyspark.ml.functions import array_to_vector
+
+    train, test = (d.withColumn("pvec", array_to_vector("pixels")) for d in digits)
+    scaler = StandardScaler(inputCol="pvec", outputCol="features", withMean=True)
+    est = TFEstimator(
+        digits_train_fn, {"hidden": 16, "lr": 0.01, "seed": 2},
+        inputCols=["features"], labelCol="label", epochs=2, batchSize=64,
+        exportDir=str(tmp_path / "export"), predictionCol="probs",
+    )
+    model = Pipeline(stages=[scaler, est]).fit(train)
+    out = model.transform(test)
+    assert out.columns == ["id", "pixels", "label", "pvec", "features", "probs"]
+    assert type(out.schema["features"].dataType).__name__ == "VectorUDT"  # kept as a vector
+    rows = out.select("id", "features", "probs").collect()
+    assert len(rows) == 360
+    local = keras.models.load_model(model.stages[-1].getModelPath(), compile=False)
+    x = np.array([r["features"].toArray() for r in rows], dtype=np.float32)
+    np.testing.assert_allclose(np.array([r["probs"] for r in rows]), local.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
