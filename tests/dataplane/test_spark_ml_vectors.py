@@ -53,11 +53,11 @@ def _vector_frame(spark, ids, parts: int):  # type: ignore[no-untyped-def]
 
 
 def vector_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
-    """Two epochs of each split, every row's features recorded by id, then serve."""
+    """Three epochs of each split, every row's features recorded by id, then serve."""
     train = ctx.dataset(32, features=["id", "features"], label="label")
     val = ctx.dataset(32, features=["id", "features"], label="label", split="validation")
     rec = {"spec": None, "train": [], "validation": []}
-    for _ in range(2):
+    for _ in range(3):
         for split, ds in (("train", train), ("validation", val)):
             rows = {}
             for f, y in ds:
@@ -82,6 +82,9 @@ def test_vector_columns_train_cached_with_validation_and_infer(spark, tmp_path):
     try:
         report = cluster.train(df, 2, cache=True, validation=val, feed_timeout=60)
         assert (report.spark_jobs, report.rows_per_split) == (2, {"train": 2 * ROWS, "validation": 2 * ROWS // 4})
+        # the same DataFrames again: replayed from the nodes' caches, no Spark job at all
+        report = cluster.train(df, 1, cache=True, validation=val, feed_timeout=60)
+        assert (report.spark_jobs, report.rows_per_split) == (0, {"train": ROWS, "validation": ROWS // 4})
         recs = []
         for n in cluster.nodes:
             path = tmp_path / f"node{n.node_id}.json"
@@ -93,7 +96,7 @@ def test_vector_columns_train_cached_with_validation_and_infer(spark, tmp_path):
                 time.sleep(0.2)
             recs.append(json.loads(path.read_text()))
         for split, ids in (("train", range(ROWS)), ("validation", range(1000, 1000 + ROWS // 4))):
-            for e in range(2):
+            for e in range(3):
                 got = {}
                 for r in recs:
                     assert not set(got) & set(r[split][e])  # each row on one node only
