@@ -15,6 +15,7 @@ import json
 import os
 import select
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,27 @@ from dataplane.node.config import NodeConfig
 __all__ = ["NodeLauncher", "NodeConfig", "LAUNCH_SCHEMA", "resolve_bind_host"]
 
 LAUNCH_SCHEMA = "node_id long, host string, flight_port long, pid long, hostname string"
+
+
+def node_environment(env: dict[str, str], path: list[str]) -> dict[str, str]:
+    """The node process's environment: this task's, with the task's own import path added.
+
+    Spark puts ``--py-files`` / ``spark.submit.pyFiles`` / ``sc.addPyFile`` files, and the
+    driver script's modules it ships, on the Python worker's ``sys.path`` at run time, not in
+    ``PYTHONPATH``; the node is a new interpreter, so it would not see them and could not
+    unpickle a ``main`` defined in one. Entries inside the interpreter's own prefix come back
+    by themselves and are left out.
+    """
+    own = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
+    have = env.get("PYTHONPATH", "")
+    known = set(have.split(os.pathsep)) if have else set()
+    extra: list[str] = []
+    for p in path:
+        if p and not p.startswith(own) and p not in known and p not in extra:
+            extra.append(p)
+    if not extra:
+        return env
+    return {**env, "PYTHONPATH": os.pathsep.join(extra + ([have] if have else []))}
 
 
 def resolve_bind_host(configured: str | None) -> str:
@@ -80,7 +102,7 @@ class NodeLauncher:
         config.for_node(node_id, resolve_bind_host(config.bind_host)).save(config_path)
         r_fd, w_fd = os.pipe()
         try:
-            spawn_detached(config_path, w_fd, dict(os.environ))
+            spawn_detached(config_path, w_fd, node_environment(dict(os.environ), list(sys.path)))
         finally:
             os.close(w_fd)
         msg = self._read_ready(r_fd, workdir, node_id)

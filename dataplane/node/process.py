@@ -80,6 +80,23 @@ def _detach(config_path: str, ready_fd: int) -> None:
         )
 
 
+def _load_payload(path: str, cloudpickle: Any) -> tuple[Any, Any]:
+    """``(main, args)`` as the driver pickled them; a module they refer to that this node
+    cannot import fails with the fix (pickled functions of a module travel by name)."""
+    try:
+        with open(path, "rb") as f:
+            return cloudpickle.load(f)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"{e}: main(args, ctx) or its args refer to module {e.name!r}, which the node's "
+            f"Python ({sys.executable}) cannot import. Functions defined in a module travel by "
+            f"name, so the executors need that module: ship it with "
+            f"spark.sparkContext.addPyFile(path) or spark-submit --py-files, or install it on "
+            f"every executor (or define main in the driver script itself).",
+            name=e.name,
+        ) from e
+
+
 def _set_pdeathsig() -> None:
     """Make a child (TensorBoard) die with its node, even on SIGKILL (Linux)."""
     try:
@@ -341,8 +358,7 @@ class _Node:
         try:
             if startup_error is not None:
                 raise startup_error
-            with open(os.path.join(self.workdir, "payload.pkl"), "rb") as f:
-                main, args = cloudpickle.load(f)
+            main, args = _load_payload(os.path.join(self.workdir, "payload.pkl"), cloudpickle)
             self.server.main_state = "running"
             ctx = NodeContext(
                 node=me,

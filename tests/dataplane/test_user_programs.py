@@ -540,3 +540,48 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         assert time.monotonic() - t0 < 10  # the mains wait in ctx.wait_stop(): nothing to drain
     finally:
         _stop(cluster, pids)
+
+
+_SHIPPED_MAIN = '''
+import json, os
+
+
+def main(args, ctx):
+    with open(os.path.join(args["dir"], f"ran{ctx.index}.json"), "w") as f:
+        json.dump({"module": __name__, "role": ctx.role}, f)
+'''
+
+
+def test_main_from_a_module_the_executors_get_with_add_py_file(spark, tmp_path):
+    """A main kept in the user's own module (TFoS programs ship theirs with --py-files):
+    without the module on the executors the node says how to ship it; shipped with
+    sc.addPyFile, the node imports it."""
+    import importlib
+    import sys
+    import uuid
+
+    name = f"dp_user_module_{uuid.uuid4().hex[:8]}"
+    src = tmp_path / f"{name}.py"
+    src.write_text(_SHIPPED_MAIN)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(name)  # pickled by reference, as a user's module is
+    finally:
+        sys.path.remove(str(tmp_path))
+    out = tmp_path / "out"
+    out.mkdir()
+
+    cluster = dataplane.run(spark, module.main, {"dir": str(out)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=30)
+    text = str(info.value)
+    assert f"No module named '{name}'" in text and "addPyFile(path)" in text, text
+    assert list(out.iterdir()) == []
+    wait_gone(pids, 30)
+
+    spark.sparkContext.addPyFile(str(src))
+    cluster = dataplane.run(spark, module.main, {"dir": str(out)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    assert wait_json(out / "ran0.json", 60) == {"module": name, "role": "chief"}
+    _stop(cluster, pids)
