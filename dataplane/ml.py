@@ -268,7 +268,7 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
         from formats.export import spark_arrow_schema
         from formats.schema import column_specs
 
-        from formats.vectors import vector_columns
+        from formats.sparkframe import vector_columns
 
         vectors = vector_columns(dataset.schema)  # pushed as float64 arrays
         try:

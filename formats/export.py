@@ -23,7 +23,7 @@ from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
-from formats.vectors import dense_vectors
+from formats.sparkframe import dense_vectors, map_in_arrow
 
 __all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
 
@@ -177,7 +177,7 @@ def write_tfrecords(
         data = df.repartition(num_files) if num_files else df
         with job_progress(df.sparkSession, progress):
             try:
-                stats = data.mapInArrow(task, STATS_SCHEMA).collect()
+                stats = map_in_arrow(data, task, STATS_SCHEMA).collect()
             except Exception as exc:
                 ours = task_error(exc)
                 if ours is None:

@@ -34,7 +34,7 @@ def inference(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from feeders.push import PartitionInferrer
-    from formats.vectors import dense_vectors
+    from formats.sparkframe import dense_vectors, map_in_arrow
 
     df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     in_schema = arrow_schema_of(df)
@@ -70,7 +70,7 @@ def inference(
         max_rows=max_rows,
         tls_root_certs=feeder.tls_root,
     )
-    return df.mapInArrow(inferrer, from_arrow_schema(out_schema))
+    return map_in_arrow(df, inferrer, from_arrow_schema(out_schema))
 
 
 def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]

@@ -120,10 +120,10 @@ class PushJobs:
         return self._shapes.get(df, lambda: array_shapes(df, schema))
 
     def as_arrays(self, df: Any) -> Any:
-        """``df`` with its Spark ML vector columns as arrays (:mod:`formats.vectors`): the
+        """``df`` with its Spark ML vector columns as arrays (:mod:`formats.sparkframe`): the
         same DataFrame object for the same ``df`` while it is alive, so its push job, shapes
         and node caches are reused as for any other DataFrame."""
-        from formats.vectors import dense_vectors, vector_columns
+        from formats.sparkframe import dense_vectors, vector_columns
 
         if not vector_columns(df.schema):
             return df
@@ -149,6 +149,7 @@ class PushJobs:
         """
         from feeders.protocol import EPOCH_PROPERTY, PUSH_RESULT_SCHEMA
         from feeders.push import PartitionPusher
+        from formats.sparkframe import map_in_arrow
 
         locations = [(n.node_id, n.flight_location) for n in workers]
         chunk = chunk_bytes(self._buffer_bytes, self._concurrent_tasks(), self._max_chunk_bytes)
@@ -162,7 +163,7 @@ class PushJobs:
                 max_chunk_bytes=chunk,
                 tls_root_certs=self._tls_root,
             )
-            return df.mapInArrow(pusher, PUSH_RESULT_SCHEMA)
+            return map_in_arrow(df, pusher, PUSH_RESULT_SCHEMA)
 
         if is_connect(self.spark):
             return frame(epoch), {}

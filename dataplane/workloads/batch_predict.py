@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
 from formats.schema import RaggedColumn, column_specs, to_numpy
-from formats.vectors import vector_as_array, vector_columns
+from formats.sparkframe import map_in_arrow, vector_as_array, vector_columns
 
 __all__ = ["predict", "Predictor", "load_predictor"]
 
@@ -500,4 +500,4 @@ def predict(
         loader=loader,
         sources=sources,
     )
-    return frame.mapInArrow(fn, schema)
+    return map_in_arrow(frame, fn, schema)

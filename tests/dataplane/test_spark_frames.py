@@ -1,9 +1,11 @@
-"""Spark ML vector columns (what VectorAssembler and most Spark ML stages write) fed as they are.
+"""DataFrames as Spark users make them, fed as they are: Spark ML vector columns and column
+names with dots, spaces or dashes.
 
 A Spark ML user's DataFrame holds its features as one ``VectorUDT`` column, some rows dense and
 some sparse. Pushed for training (cached, with a validation split), sent for inference, given to
 ``predict`` and exported to TFRecords, it must arrive as the dense float64 values of each vector,
-row for row, with no conversion by the user.
+row for row, with no conversion by the user. Names such as ``sepal.length`` (R's iris, a
+flattened export's ``parent.child``) must work on the same paths, under their own names.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 import dataplane
 import formats
 from dataplane.workloads.batch_predict import predict
-from formats.vectors import dense_vectors
+from formats.sparkframe import dense_vectors
 from tests.dataplane.clusterutil import node_processes, wait_gone
 
 ROWS = 240
@@ -161,3 +163,78 @@ def test_export_writes_vectors_as_float_lists(spark, tmp_path):
     back = formats.read_tfrecords(spark, out)
     assert back.schema["features"].dataType.simpleString() == "array<double>"
     assert {r["id"]: list(r["features"]) for r in back.collect()} == {i: _dense(i) for i in range(ROWS)}
+
+
+def names_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Two passes recording each row by id under the pushed names, then serve."""
+    ds = ctx.dataset(16)
+    rec = []
+    for _ in range(2):
+        rows = {}
+        for b in ds:
+            keys = sorted(b.keys())
+            for k, i in enumerate(b["row id"].numpy()):
+                rows[str(int(i))] = [float(v) for v in b["sepal.length"].numpy()[k]] + [int(b["class-x"].numpy()[k])]
+        rec.append([keys, rows])
+    path = os.path.join(args["dir"], f"node{ctx.node_id}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(rec, fh)
+    os.replace(path + ".tmp", path)
+    ctx.serve(lambda b: {"out.sum": np.asarray(b["sepal.length"], np.float64).sum(axis=1)})
+
+
+def _names_frame(spark, rows: int):  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, 1, 3).select(
+        F.col("id").alias("row id"),
+        F.array(F.col("id").cast("float"), (F.col("id") * 0.5).cast("float")).alias("sepal.length"),
+        (F.col("id") % 3).cast("int").alias("class-x"),
+    )
+
+
+def _expected_names_row(i: int) -> list:
+    return [float(i), i * 0.5, i % 3]
+
+
+def test_column_names_with_dots_spaces_and_dashes(spark, tmp_path):
+    import keras
+
+    df = _names_frame(spark, 90)
+    want = {str(i): _expected_names_row(i) for i in range(90)}
+    cluster = dataplane.run(spark, names_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        assert cluster.train(df, 1, cache=True, shuffle=True, seed=3).rows == 90
+        assert cluster.train(df, 1).rows == 90  # uncached: the push job itself
+        path = tmp_path / f"node{cluster.nodes[0].node_id}.json"
+        for _ in range(300):
+            if path.exists():
+                break
+            import time
+
+            time.sleep(0.2)
+        for keys, rows in json.loads(path.read_text()):
+            assert keys == ["class-x", "row id", "sepal.length"]
+            assert rows == want
+        out = cluster.inference(df, passthrough=("row id", "sepal.length")).collect()
+        assert out[0].asDict().keys() == {"row id", "sepal.length", "out.sum"}
+        assert {r["row id"]: r["out.sum"] for r in out} == {i: 1.5 * i for i in range(90)}
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
+
+    res = formats.write_tfrecords(df, str(tmp_path / "tfr"))
+    assert res.rows == 90
+    back = formats.read_tfrecords(spark, str(tmp_path / "tfr"))
+    assert back.columns == df.columns
+    assert {str(r["row id"]): [*r["sepal.length"], r["class-x"]] for r in back.collect()} == want
+
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.save(str(tmp_path / "m.keras"))
+    x = np.array([_expected_names_row(i)[:2] for i in range(90)], np.float32)
+    ref = model.predict(x, verbose=0).reshape(-1)
+    scored = predict(df, str(tmp_path / "m.keras"), input_cols=["sepal.length"], output_col="y.hat")
+    assert scored.columns == [*df.columns, "y.hat"]
+    got = {r["row id"]: r["y.hat"] for r in scored.collect()}
+    np.testing.assert_allclose([got[i] for i in range(90)], ref, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,69 @@
+"""A Spark DataFrame made fit for the ``mapInArrow`` jobs here (push, inference, predict, export).
+
+**Spark ML vectors.** A ``VectorUDT`` column (what ``VectorAssembler``, ``StandardScaler`` and
+most Spark ML stages write) reaches Arrow as a struct of (type, size, indices, values), which no
+tensor can hold. Every job that reads a DataFrame's rows first turns such a column into
+``array<double>`` with Spark's own ``vector_to_array``: sparse vectors become dense, values stay
+exact (float64). To push half the bytes, convert the column yourself first:
+``df.withColumn("features", vector_to_array("features", "float32"))``.
+
+**Column names.** ``DataFrame.mapInArrow`` resolves every column by name, and a name with a dot
+(``sepal.length``; the ``parent.child`` columns of a flattened export) resolves as a struct
+field, so the job fails before it starts (pyspark 3.5 and 4). :func:`map_in_arrow` runs such a
+job on positional stand-in names and gives the function its batches under the real ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+
+__all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow"]
+
+
+def vector_columns(spark_schema: Any) -> list[str]:
+    """Top-level columns of ``spark_schema`` (a ``StructType``) that hold Spark ML vectors
+    (``pyspark.ml.linalg.VectorUDT`` or the older ``pyspark.mllib.linalg.VectorUDT``)."""
+    return [f.name for f in spark_schema.fields if type(f.dataType).__name__ == "VectorUDT"]
+
+
+def vector_as_array(name: str) -> Any:
+    """The Spark column expression for vector column ``name`` as ``array<double>``; a null
+    vector stays null (``vector_to_array`` alone fails the task on one)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    col = F.col(f"`{name}`")
+    return F.when(col.isNull(), F.lit(None)).otherwise(vector_to_array(col))
+
+
+def dense_vectors(df: Any) -> Any:
+    """``df`` with every vector column replaced, in place, by ``array<double>``; ``df``
+    itself when it has none (no new DataFrame, no Spark call)."""
+    names = vector_columns(df.schema)
+    if not names:
+        return df
+    return df.withColumns({n: vector_as_array(n) for n in names})
+
+
+@dataclass
+class _RealNames:
+    """The ``mapInArrow`` function ``fn``, handed its batches under ``names`` (by position)."""
+
+    fn: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+    names: list[str]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.fn(pa.RecordBatch.from_arrays(b.columns, names=self.names) for b in batches)
+
+
+def map_in_arrow(df: Any, fn: Any, schema: Any, **kwargs: Any) -> Any:
+    """``df.mapInArrow(fn, schema, **kwargs)``, also when a column name holds a dot or a
+    backtick (see the module docstring); ``fn`` sees the real names either way."""
+    names = list(df.columns)
+    if not any("." in n or "`" in n for n in names):
+        return df.mapInArrow(fn, schema, **kwargs)
+    stand_in = df.toDF(*[f"_dataplane_col{i}" for i in range(len(names))])
+    return stand_in.mapInArrow(_RealNames(fn, names), schema, **kwargs)
