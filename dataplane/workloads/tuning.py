@@ -242,10 +242,14 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
             _check_parquet_data(path)
         return TrialData(key=f"path:{path}", path=path)
     if hasattr(data, "sparkSession") and hasattr(data, "schema") and hasattr(data, "select"):
-        # A Spark DataFrame: collect it once on the driver as Arrow, then broadcast the table.
+        # A Spark DataFrame: collect it once on the driver as Arrow, then broadcast the table
+        # (Spark ML vector columns as float64 lists, as every other path hands them over).
         import pyarrow as pa
 
+        from formats.sparkframe import dense_vectors
+
         _no_columns_check(list(data.columns), "the data DataFrame")
+        data = dense_vectors(data)
         table = data.toArrow() if hasattr(data, "toArrow") else pa.Table.from_pandas(
             data.toPandas(), preserve_index=False
         )

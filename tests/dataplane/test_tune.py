@@ -128,6 +128,23 @@ def test_spark_dataframe_data_arrives_as_arrow(spark):
     assert [r["loss"] for r in out.collect()] == [45.0, 46.0]
 
 
+def test_spark_ml_vector_data_arrives_as_float_lists(spark):
+    import pyarrow as pa
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    schema = StructType([StructField("id", LongType()), StructField("v", VectorUDT())])
+    df = spark.createDataFrame([(0, Vectors.dense([1.0, 2.0])), (1, Vectors.sparse(2, {1: 5.0}))], schema)
+
+    def trial(p, d):  # type: ignore[no-untyped-def]
+        t = d.schema.field("v").type
+        assert pa.types.is_list(t) and t.value_type == pa.float64(), d.schema
+        return {"loss": float(sum(sum(v) for v in d.column("v").to_pylist())) * p["k"]}
+
+    out = tune(spark, trial, {"k": [1, 2]}, data=df)
+    assert sorted((r["loss"], r["status"]) for r in out.collect()) == [(8.0, "ok"), (16.0, "ok")]
+
+
 @pytest.mark.parametrize(
     "kwargs, exc, text",
     [
