@@ -106,13 +106,44 @@ class SparkJob:
 
 
 def arrow_schema_of(df: Any):  # type: ignore[no-untyped-def]
-    """The Arrow schema Spark's mapInArrow uses for ``df``'s rows."""
+    """The Arrow schema Spark's mapInArrow uses for ``df``'s rows: timestamps carry the
+    session's time zone, as the batches Spark hands the tasks do."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    tz = _session_time_zone(df)
     try:
-        return to_arrow_schema(df.schema, prefers_large_types=False)
-    except TypeError:  # pyspark 3.5 has no prefers_large_types
-        return to_arrow_schema(df.schema)
+        schema = to_arrow_schema(df.schema, timezone=tz, prefers_large_types=False)
+    except TypeError:  # pyspark 3.5 takes neither keyword, and writes every timestamp as UTC
+        schema = to_arrow_schema(df.schema)
+    return pa_schema_in_time_zone(schema, tz)
+
+
+def _session_time_zone(df: Any) -> str:
+    try:
+        return str(df.sparkSession.conf.get("spark.sql.session.timeZone"))
+    except Exception:  # noqa: BLE001 - Spark's own default
+        import time
+
+        return time.tzname[0] or "UTC"
+
+
+def pa_schema_in_time_zone(schema: Any, tz: str) -> Any:
+    """``schema`` with every zoned timestamp (nested ones too) in time zone ``tz``."""
+    import pyarrow as pa
+
+    def fix(t: Any) -> Any:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp(t.unit, tz=tz) if t.tz is not None else t
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            kind = pa.list_ if pa.types.is_list(t) else pa.large_list
+            return kind(t.value_field.with_type(fix(t.value_type)))
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(fix(f.type)) for f in t])
+        if pa.types.is_map(t):
+            return pa.map_(t.key_field.with_type(fix(t.key_type)), t.item_field.with_type(fix(t.item_type)))
+        return t
+
+    return pa.schema([f.with_type(fix(f.type)) for f in schema], metadata=schema.metadata)
 
 
 def sample_arrow(df: Any, n: int):  # type: ignore[no-untyped-def]

@@ -127,6 +127,9 @@ def schema_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             score = feats["score"].numpy()
             assert (score == np.where(ids % 5 == 0, -1.0, ids * 0.25)).all(), (ids, score)
             assert (label.numpy() == ids % 7).all()
+            if "ts" in feats:
+                assert (feats["ts"].numpy() == ids * 1000003).all(), feats["ts"]
+                assert (feats["day"].numpy() == ids).all(), feats["day"]
         if not rows and ctx.should_stop:
             break
         _write(os.path.join(args["dir"], f"node{ctx.node_id}-epoch{epoch}.json"),

@@ -22,6 +22,10 @@ def _frame(spark, rows: int, *, null_score_without_fill: bool = False):
         "transform(sequence(0, 11), k -> cast(id + k as float)) as img",
         f"case when id % 5 = 0 then cast(null as double) else {score} end as score",
         "cast(id % 7 as int) as label",
+        # Spark hands timestamps over zoned in the session time zone (and binaryFile sources,
+        # for one, carry a modificationTime): microseconds / days since the epoch on the node
+        "timestamp_micros(id * 1000003) as ts",
+        "date_add(date'1970-01-01', cast(id as int)) as day",
     )
 
 
@@ -40,6 +44,8 @@ def test_strings_binary_declared_shapes_and_fill_values(spark, tmp_path):
             "img": {"dtype": "float32", "shape": [3, 4]},
             "score": {"dtype": "float64", "shape": []},
             "label": {"dtype": "int32", "shape": []},
+            "ts": {"dtype": "int64", "shape": []},
+            "day": {"dtype": "int32", "shape": []},
         }
 
 
