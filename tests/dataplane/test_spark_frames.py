@@ -1,5 +1,5 @@
 """DataFrames as Spark users make them, fed as they are: Spark ML vector columns and column
-names with dots, spaces or dashes.
+names with dots, spaces or dashes, images read with Spark's ``binaryFile`` source.
 
 A Spark ML user's DataFrame holds its features as one ``VectorUDT`` column, some rows dense and
 some sparse. Pushed for training (cached, with a validation split), sent for inference, given to
@@ -238,3 +238,54 @@ def test_column_names_with_dots_spaces_and_dashes(spark, tmp_path):
     assert scored.columns == [*df.columns, "y.hat"]
     got = {r["row id"]: r["y.hat"] for r in scored.collect()}
     np.testing.assert_allclose([got[i] for i in range(90)], ref, rtol=1e-5, atol=1e-6)
+
+
+def image_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Two passes over PNGs decoded on the node: each file's pixel sum, shape and label."""
+    ds = ctx.dataset(8, features=["content", "path"], label="label", decode={"content": "png"})
+    rec = []
+    for _ in range(2):
+        got = {}
+        for f, y in ds:
+            for p, img, label in zip(f["path"].numpy(), f["content"].numpy(), y.numpy()):
+                got[p.decode()] = [int(img.sum()), list(img.shape), str(img.dtype), int(label)]
+        rec.append(got)
+    path = os.path.join(args["dir"], f"node{ctx.node_id}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(rec, fh)
+    os.replace(path + ".tmp", path)
+
+
+def test_images_read_with_the_binary_file_source_decode_on_the_nodes(spark, tmp_path):
+    """spark.read.format("binaryFile") (path, modificationTime, length, content), a label taken
+    from the file name, pushed once and decoded as PNG on two workers."""
+    import tensorflow as tf
+    from pyspark.sql import functions as F
+
+    src = tmp_path / "pngs"
+    src.mkdir()
+    want = {}
+    for i in range(30):
+        img = (np.arange(12 * 10 * 3).reshape(12, 10, 3) * (i + 1) % 251).astype(np.uint8)
+        name = src / f"cls{i % 3}_{i:03d}.png"
+        name.write_bytes(tf.io.encode_png(img).numpy())
+        want[f"file:{name}"] = [int(img.sum()), [12, 10, 3], "uint8", i % 3]
+    df = spark.read.format("binaryFile").option("pathGlobFilter", "*.png").load(str(src))
+    df = df.withColumn("label", F.regexp_extract("path", r"cls(\d)_", 1).cast("int"))
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = dataplane.run(spark, image_main, {"dir": str(out)}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        report = cluster.train(df, 2, cache=True, shuffle=True, seed=4, feed_timeout=60)
+        assert (report.rows, report.spark_jobs) == (60, 1)
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
+    recs = [json.loads((out / f"node{n.node_id}.json").read_text()) for n in cluster.nodes]
+    for e in range(2):
+        got = {}
+        for r in recs:
+            assert len(r[e]) == 15 and not set(got) & set(r[e])
+            got.update(r[e])
+        assert got == want, e
