@@ -343,14 +343,17 @@ def tf_spec(
     return out
 
 
-def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray:
-    """Leaf values of a (possibly nested list) array as a numpy array of spec.dtype."""
+def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec, *, elements: bool = False) -> np.ndarray:
+    """Leaf values of a (possibly nested list) array as a numpy array of spec.dtype
+    (``elements``: ``arr`` holds the elements of a list column's rows)."""
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if arr.null_count:
         if spec.fill is None:
+            where = (f"null element(s) inside its lists ({len(arr)} elements in this batch)"
+                     if elements else f"null value(s) in a batch of {len(arr)}")
             raise SchemaError(
-                f"column {name!r} has {arr.null_count} null value(s) in a batch of {len(arr)}; "
+                f"column {name!r} has {arr.null_count} {where}; "
                 f"TensorFlow tensors cannot hold nulls. Give a fill value "
                 f"(fill_values={{{name!r}: 0}}) or filter/impute the nulls before feeding."
             )
@@ -393,7 +396,7 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
             )
         cur, s = _list_parts(cur)
         splits.append(s)
-    values = _flat_values(name, cur, spec)
+    values = _flat_values(name, cur, spec, elements=True)
     if spec.is_ragged:
         return RaggedColumn(values, tuple(splits))
     # Dense: every row must hold exactly prod(shape) leaf values.

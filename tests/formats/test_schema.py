@@ -60,6 +60,17 @@ def test_null_scalars_are_an_error_for_tensors_without_fill():
     assert to_numpy(t, column_specs(t.schema, fill_values={"x": 0.0}))["x"].tolist() == [1.0, 0.0]
 
 
+def test_null_elements_inside_lists_are_named_as_such_and_filled():
+    from formats.schema import to_numpy
+
+    t = pa.table({"x": pa.array([[1, 2], [3, None], [5, 6]], pa.list_(pa.float32()))})
+    for shapes in ({}, {"x": (2,)}):  # ragged or dense
+        with pytest.raises(SchemaError, match=r"column 'x' has 1 null element\(s\) inside its lists"):
+            to_numpy(t, column_specs(t.schema, shapes=shapes))
+    got = to_numpy(t, column_specs(t.schema, shapes={"x": (2,)}, fill_values={"x": -1.0}))["x"]
+    assert got.tolist() == [[1.0, 2.0], [3.0, -1.0], [5.0, 6.0]]
+
+
 def test_schema_file_round_trip(tmp_path):
     schema = pa.schema([("s", pa.string()), ("b", pa.binary()), ("t", pa.timestamp("us", tz="UTC")),
                         ("v", pa.list_(pa.list_(pa.int8())))])
