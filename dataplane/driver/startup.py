@@ -221,6 +221,22 @@ def _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, bu
             raise ValueError(f"port_range must be (low, high) with 0 < low <= high < 65536, got {port_range!r}")
 
 
+def _executor_import_hint(summary: str) -> str:
+    """What to do when the launch task's Python could not import a module it needs."""
+    import re
+
+    m = re.search(r"No module named '([^']+)'", summary)
+    if m is None:
+        return ""
+    return (
+        f". The executors' Python cannot import {m.group(1)!r}: the launch task runs "
+        f"spark-tf-dataplane's code on the executors, so install spark-tf-dataplane with its "
+        f"dependencies in the Python they run (spark.pyspark.python / PYSPARK_PYTHON, here "
+        f"{os.environ.get('PYSPARK_PYTHON') or 'python3 on the executors'}), or ship a packed "
+        f"environment with spark.archives."
+    )
+
+
 def _await_reservation(cluster: Cluster, control: ControlServer, job: SparkJob, num_nodes: int, timeout: float) -> None:
     """Wait until every node registered; raise the first launch failure or a ReservationError."""
     deadline = time.monotonic() + timeout
@@ -231,8 +247,10 @@ def _await_reservation(cluster: Cluster, control: ControlServer, job: SparkJob, 
             raise NodeError(f["error"], node=None, remote_traceback=f.get("log", ""))
         if job.done() and job.future.exception() is not None:
             e = job.future.exception()
+            summary = error_summary(str(e))
             raise NodeError(
-                f"the job starting the TF nodes failed: {type(e).__name__}: {error_summary(str(e))}",
+                f"the job starting the TF nodes failed: {type(e).__name__}: {summary}"
+                f"{_executor_import_hint(summary)}",
                 node=None, remote_traceback=str(e),
             ) from e
         if time.monotonic() > deadline:

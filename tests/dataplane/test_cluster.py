@@ -119,3 +119,63 @@ def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
     cluster.shutdown(timeout=60)
     assert all((tmp_path / f"finished{i}.json").exists() for i in (0, 1))
     assert time.monotonic() - t0 < 40
+
+
+_BLOCK_DATAPLANE = '''
+import sys
+
+
+class _NotInstalledHere:
+    """Executors of this test's app: spark-tf-dataplane is not installed in their Python."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("dataplane", "feeders", "formats"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NotInstalledHere())
+'''
+
+_APP_WITHOUT_DATAPLANE_ON_EXECUTORS = '''
+import os, sys
+from pyspark.sql import SparkSession
+import dataplane
+from dataplane.errors import NodeError
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+try:
+    dataplane.run(spark, lambda args, ctx: None, num_nodes=1, reservation_timeout=60)
+    print("STARTED")
+except NodeError as e:
+    print("NODEERROR", e)
+spark.stop()
+'''
+
+
+def test_executors_without_the_package_are_told_how_to_get_it(tmp_path):
+    """A cluster whose executors' Python lacks spark-tf-dataplane (installed on the driver
+    only): the launch fails at once, naming the missing module and the way to install it."""
+    import os
+    import subprocess
+    import sys
+
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(_BLOCK_DATAPLANE)
+    python = tmp_path / "executor-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{block}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    (tmp_path / "app.py").write_text(_APP_WITHOUT_DATAPLANE_ON_EXECUTORS)
+    env = {**os.environ, "PYSPARK_PYTHON": str(python), "SPARK_LOCAL_IP": "127.0.0.1"}
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith(("NODEERROR", "STARTED")))
+    assert "the job starting the TF nodes failed" in line, line
+    assert "No module named 'dataplane" in line, line
+    assert "The executors' Python cannot import 'dataplane" in line, line
+    assert "install spark-tf-dataplane with its dependencies in the Python they run" in line, line
+    assert str(python) in line and "spark.archives" in line, line
+    assert time.monotonic() - t0 < 120
