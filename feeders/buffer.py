@@ -429,6 +429,11 @@ class FeedBuffer:
             self._stopped = True
             self._cond.notify_all()
 
+    @property
+    def stopped(self) -> bool:
+        """The node is shutting down: passes end, even over rows already taken."""
+        return self._stopped
+
     def consumer_finished(self) -> None:
         """The node's main returned, or will read no more pushed data (it serves inference):
         refuse further data, drop what is queued, close every open epoch."""

@@ -110,6 +110,8 @@ def iterate_epoch(
                 emitted += rows
                 if rng is not None:
                     pending_bytes = sum(b.nbytes for b in pending)
+                if buffer.stopped:  # a stop without drain (the driver is failing): end now
+                    return
                 yield convert(table)
             if final:
                 tail = limit - emitted  # type: ignore[operator]

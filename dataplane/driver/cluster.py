@@ -184,7 +184,7 @@ class Cluster:
                 out[n.node_id] = {"error": str(e)}
         return out
 
-    def shutdown(self, timeout: float = 60.0) -> None:
+    def shutdown(self, timeout: float = 60.0, *, drain: bool = True) -> None:
         """Stop every node and wait (up to ``timeout`` s) until each process has exited.
 
         The chief and workers first get to finish what they are doing (training on the epochs
@@ -192,6 +192,10 @@ class Cluster:
         for the driver; then every node is told to stop: datasets waiting for more data end,
         ``ctx.serve`` returns, and a main that still runs after ``stop_grace`` seconds is ended
         with its process (a parameter server's ``server.join()``, say).
+
+        ``drain=False`` skips the first step: the nodes are told to stop at once. Leaving a
+        ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since
+        the program is ending anyway.
 
         Calling it again is a no-op.
 
@@ -205,7 +209,7 @@ class Cluster:
             self._state = "stopping"
         failure = self._node_failure()
         deadline = time.monotonic() + timeout
-        if failure is None:
+        if failure is None and drain:
             self._drain(deadline)
             failure = self._node_failure()
         unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0))
@@ -232,7 +236,7 @@ class Cluster:
 
     def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
         try:
-            self.shutdown()
+            self.shutdown(drain=exc_type is None)
         except NodeError:
             if exc_type is None:
                 raise

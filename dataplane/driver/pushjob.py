@@ -181,7 +181,17 @@ class PushJobs:
 
     def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float,
               why_late: Callable[[], str] | None = None) -> Any:
-        """Wait for ``job`` while watching the nodes; cancel it if a node fails or time runs out."""
+        """Wait for ``job`` while watching the nodes; cancel it if a node fails, time runs out
+        or the wait itself is interrupted (Ctrl-C on the driver)."""
+        try:
+            return self._watch(job, deadline, what, timeout, why_late)
+        except BaseException as e:
+            if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit
+                job.cancel()
+            raise
+
+    def _watch(self, job: SparkJob, deadline: float, what: str, timeout: float,
+               why_late: Callable[[], str] | None) -> Any:
         while True:
             try:
                 return job.future.result(timeout=0.25)

@@ -98,6 +98,16 @@ def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.1)
 
 
+def slow_reader_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """A slow model: 50 ms a batch over many pushed epochs; says when its first batch came."""
+    ds = ctx.dataset(64)
+    for _ in range(100):
+        for i, _b in enumerate(ds):
+            if i == 0:
+                _write(os.path.join(args["dir"], f"reading{ctx.node_id}.json"), {"ok": True})
+            time.sleep(0.05)
+
+
 def pull_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Busy for a while without pushed data (pull mode), then record that it finished."""
     time.sleep(args["seconds"])
