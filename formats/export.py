@@ -23,7 +23,7 @@ from formats.schema import ColumnSpec, column_specs
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
-from formats.sparkframe import dense_vectors, map_in_arrow
+from formats.sparkframe import dense_vectors, map_in_arrow, not_a_spark_frame
 
 __all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
 
@@ -153,7 +153,7 @@ def write_tfrecords(
     """
     if not (hasattr(df, "mapInArrow") and hasattr(df, "schema")):
         raise TypeError(
-            f"write_tfrecords: df must be a Spark DataFrame, got {type(df).__name__}; for a "
+            f"write_tfrecords: df must be a Spark DataFrame, got {not_a_spark_frame(df)}; for a "
             f"Parquet dataset on storage use formats.parquet_to_tfrecords(spark, src, path)."
         )
     comp = normalize_compression(compression)

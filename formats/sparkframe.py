@@ -20,7 +20,23 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-__all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow"]
+__all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow", "not_a_spark_frame"]
+
+
+def not_a_spark_frame(obj: Any) -> str:
+    """What ``obj`` is, for an error saying a Spark DataFrame was expected, and how to get one
+    from it (pandas and pandas-on-Spark frames are both called ``DataFrame``)."""
+    cls = type(obj)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__.startswith("pyspark.pandas"):
+        return f"{name} (pandas-on-Spark); pass its .to_spark()"
+    if cls.__module__.startswith("pandas"):
+        return f"{name}; make it a Spark DataFrame with spark.createDataFrame(pdf)"
+    if cls.__module__.startswith("pyarrow"):
+        return f"{name}; make it a Spark DataFrame with spark.createDataFrame(table.to_pandas())"
+    if cls.__module__.startswith("pyspark") and "RDD" in cls.__name__:
+        return f"{name}; pass rdd.toDF() (dataplane.compat.TFCluster takes RDDs as TFoS did)"
+    return name
 
 
 def vector_columns(spark_schema: Any) -> list[str]:

@@ -178,7 +178,9 @@ class Feeder:
 
         what = "train()" if name == "train" else "train(validation=...)"
         if not hasattr(df, "mapInArrow") or not isinstance(getattr(df, "schema", None), StructType):
-            raise TypeError(f"{what} needs a Spark DataFrame, got {type(df).__name__}")
+            from formats.sparkframe import not_a_spark_frame
+
+            raise TypeError(f"{what} needs a Spark DataFrame, got {not_a_spark_frame(df)}")
         df = self._jobs.as_arrays(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
         schema = arrow_schema_of(df)
         if len(schema) == 0:

@@ -34,8 +34,10 @@ def inference(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from feeders.push import PartitionInferrer
-    from formats.sparkframe import dense_vectors, map_in_arrow
+    from formats.sparkframe import dense_vectors, map_in_arrow, not_a_spark_frame
 
+    if not (hasattr(df, "mapInArrow") and hasattr(df, "schema")):
+        raise TypeError(f"inference() needs a Spark DataFrame, got {not_a_spark_frame(df)}")
     df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     in_schema = arrow_schema_of(df)
     passthrough = list(passthrough)

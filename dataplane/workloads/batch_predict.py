@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
 from formats.schema import RaggedColumn, column_specs, to_numpy
-from formats.sparkframe import map_in_arrow, vector_as_array, vector_columns
+from formats.sparkframe import map_in_arrow, not_a_spark_frame, vector_as_array, vector_columns
 
 __all__ = ["predict", "Predictor", "load_predictor"]
 
@@ -424,7 +424,7 @@ def predict(
             model; StorageError: the model path does not exist on the driver.
     """
     if not hasattr(df, "mapInArrow"):
-        raise TypeError(f"predict: df must be a Spark DataFrame, got {type(df).__name__}.")
+        raise TypeError(f"predict: df must be a Spark DataFrame, got {not_a_spark_frame(df)}.")
     if isinstance(input_cols, str) or not input_cols or not all(
         isinstance(c, str) for c in input_cols
     ):

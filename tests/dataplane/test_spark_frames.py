@@ -110,6 +110,12 @@ def test_vector_columns_train_cached_with_validation_and_infer(spark, tmp_path):
         assert len(out) == ROWS
         assert {r["id"]: r["total"] for r in out} == {i: sum(_dense(i)) for i in range(ROWS)}
         assert {r["width"] for r in out} == {WIDTH}
+        pdf = df.toPandas()  # a pandas frame is also a "DataFrame": the error says which
+        with pytest.raises(TypeError, match=r"got pandas\.core\.frame\.DataFrame; make it a Spark "
+                                            r"DataFrame with spark\.createDataFrame\(pdf\)"):
+            cluster.train(pdf, 1)
+        with pytest.raises(TypeError, match=r"inference\(\) needs a Spark DataFrame, got pandas"):
+            cluster.inference(pdf)
     finally:
         cluster.shutdown(timeout=30)
         wait_gone(pids, 30)
@@ -289,3 +295,23 @@ def test_images_read_with_the_binary_file_source_decode_on_the_nodes(spark, tmp_
             assert len(r[e]) == 15 and not set(got) & set(r[e])
             got.update(r[e])
         assert got == want, e
+
+
+def test_frames_that_are_not_spark_dataframes_are_named_with_the_conversion(spark, tmp_path):
+    import pandas as pd
+    import pyarrow as pa
+
+    pdf = pd.DataFrame({"x": [1.0, 2.0]})
+    cases = [
+        (pdf, "pandas.core.frame.DataFrame; make it a Spark DataFrame with spark.createDataFrame(pdf)"),
+        (pa.table(pdf), "pyarrow.lib.Table; make it a Spark DataFrame with spark.createDataFrame(table.to_pandas())"),
+        (spark.createDataFrame(pdf).rdd, "rdd.RDD; pass rdd.toDF()"),  # pyspark(.core).rdd
+        (spark.createDataFrame(pdf).pandas_api(), "(pandas-on-Spark); pass its .to_spark()"),
+    ]
+    for obj, text in cases:
+        with pytest.raises(TypeError) as info:
+            predict(obj, str(tmp_path), input_cols=["x"])
+        assert text in str(info.value), str(info.value)
+        with pytest.raises(TypeError) as info:
+            formats.write_tfrecords(obj, str(tmp_path / "out"))
+        assert text in str(info.value), str(info.value)
