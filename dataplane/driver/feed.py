@@ -47,6 +47,8 @@ class FeedReport:
             left count as consumed.
         spark_jobs: Spark jobs that pushed data (one per DataFrame with ``cache=True``, none
             when the workers already hold it; one per epoch and DataFrame otherwise).
+        spark_tasks: the tasks of those jobs that pushed (one per partition, but a DataFrame
+            of many partitions is pushed by at most a few tasks per task slot).
         rows_per_split: rows pushed or replayed per split (``"train"``, ``"validation"``).
         epochs: epoch ids used for this feed.
         messages: notes for the user (e.g. a node that stopped consuming early).
@@ -59,6 +61,7 @@ class FeedReport:
     dropped_for_balance: int
     rows_unconsumed: dict[int, int] = field(default_factory=dict)
     spark_jobs: int = 0
+    spark_tasks: int = 0
     rows_per_split: dict[str, int] = field(default_factory=dict)
     epochs: list[int] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
@@ -181,7 +184,7 @@ class Feeder:
             from formats.sparkframe import not_a_spark_frame
 
             raise TypeError(f"{what} needs a Spark DataFrame, got {not_a_spark_frame(df)}")
-        df = self._jobs.as_arrays(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
+        df = self._jobs.as_pushed(df)  # vectors as arrays, at most a few tasks per slot
         schema = arrow_schema_of(df)
         if len(schema) == 0:
             raise SchemaError(
@@ -328,6 +331,7 @@ class Feeder:
                               what=what, deadline=deadline, timeout=timeout,
                               why_late=lambda: self._unread(ep))
         report.spark_jobs += 1
+        report.spark_tasks += len({r["partition"] for r in rows})
         sent: dict[int, int] = {}
         refused: set[int] = set()
         for r in rows:

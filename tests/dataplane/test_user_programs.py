@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import dataplane
+from dataplane.driver.pushjob import TASKS_PER_SLOT
 from dataplane.errors import NodeError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 
@@ -278,6 +279,10 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
             before = _rows_out(cluster)
             report = cluster.train(df, 2, FEED_TIMEOUT, cache=j == 2)
             assert report.rows == 2 * len(want), (j, report)
+            # a task per partition, but no more than a few per task slot: the 50 partitions
+            # are pushed by TASKS_PER_SLOT x slots tasks (coalesced, not shuffled)
+            tasks = min(df.rdd.getNumPartitions(), TASKS_PER_SLOT * spark.sparkContext.defaultParallelism)
+            assert (report.spark_jobs, report.spark_tasks) == (1 if j == 2 else 2, report.spark_jobs * tasks), report
             handed = _balanced(cluster, report, before)
             seen = {n: wait_json(tmp_path / f"node{n}-s{j}.json") for n in workers}
             _full_epochs(seen, workers, "train", want, 2)
