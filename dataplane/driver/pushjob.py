@@ -20,8 +20,7 @@ from feeders.protocol import chunk_bytes
 __all__ = ["PushJobs", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
 
 # Push tasks per task slot at most (PushJobs.as_pushed): enough to keep every slot busy and
-# balanced; on 2 slots, 100,000 narrow rows in 200 partitions pushed at 6.5 s an epoch, in 8
-# tasks at about 0.3 s (Spark's bare mapInArrow over the 200: 5.8 s).
+# balanced, few enough that Spark's per-task cost stays small (docs/design.md, "Few tasks").
 TASKS_PER_SLOT = 4
 
 

@@ -23,8 +23,8 @@ def is_connect(spark: Any) -> bool:
 
 class PerDataFrame:
     """Values worked out once per live DataFrame object (by identity), so repeated
-    ``train(df)`` calls on the same DataFrame neither rerun a Spark query nor build new plans;
-    an entry goes when its DataFrame does."""
+    ``train(df)`` calls on the same DataFrame neither rerun a Spark query nor build new plans.
+    Entries whose DataFrame is gone are dropped once more than ``limit`` are held."""
 
     def __init__(self, limit: int = 64) -> None:
         self._entries: dict[int, tuple[Any, Any]] = {}
@@ -121,10 +121,8 @@ def arrow_schema_of(df: Any):  # type: ignore[no-untyped-def]
 def _session_time_zone(df: Any) -> str:
     try:
         return str(df.sparkSession.conf.get("spark.sql.session.timeZone"))
-    except Exception:  # noqa: BLE001 - Spark's own default
-        import time
-
-        return time.tzname[0] or "UTC"
+    except Exception:  # noqa: BLE001 - only the unit matters to the node (int64 counts)
+        return "UTC"
 
 
 def pa_schema_in_time_zone(schema: Any, tz: str) -> Any:
