@@ -75,7 +75,10 @@ def user_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
                 return to_xy
 
-            train = ctx.dataset(bs, features=["id", "x"], label="label", repeat=True)
+            # repeat=True, or (as TF tutorials write it) tf.data's own .repeat() over the passes
+            train = ctx.dataset(bs, features=["id", "x"], label="label", repeat=not sc.get("tf_repeat"))
+            if sc.get("tf_repeat"):
+                train = train.repeat()
             val = ctx.dataset(bs, features=["id", "x"], label="label", split="validation",
                               repeat=sc.get("val_repeat", False))
             with strategy.scope() if strategy is not None else _Null():
@@ -220,6 +223,34 @@ def test_mwms_fit_on_repeated_cached_shuffled_splits_with_validation_steps(spark
             assert "repeat=True" in e.remote_traceback
             wait_gone(pids, 30)
             assert node_processes(cluster.cluster_id) == []
+
+
+def test_mwms_fit_on_tf_data_repeat_with_validation_steps(spark, tmp_path):
+    """The same fit written the tutorials' way: ``ctx.dataset(...).repeat()`` instead of
+    ``repeat=True``, on an uncached push of 3 epochs with a validation DataFrame."""
+    rows, val_rows, width, bs, k, j = 960, 192, 4, 32, 20, 2  # 60 steps: across pushed epochs
+    sc = {"pattern": "fit_repeat_validation", "batch_size": bs, "width": width, "k": k, "j": j,
+          "fit_epochs": 3, "tf_repeat": True}
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": [sc]}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df, val = _frame(spark, 0, rows, 3, width), _frame(spark, 100_000, val_rows, 2, width)
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(df, 3, FEED_TIMEOUT, validation=val)
+        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
+        handed = _balanced(cluster, report, before)
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        for n in workers:
+            tr, va = seen[n]["train"][0], seen[n]["validation"][0]
+            assert 3 * k * bs // 2 <= len(tr) and all(0 <= i < rows for i in tr), (n, len(tr))
+            assert 3 * j * bs // 2 <= len(va) and all(100_000 <= i < 100_000 + val_rows for i in va), (n, len(va))
+            assert len(seen[n]["val_loss"]) == 3 and all(np.isfinite(seen[n]["val_loss"]))
+        assert sum(len(seen[n]["train"][0]) + len(seen[n]["validation"][0]) for n in workers) <= handed
+    finally:
+        _stop(cluster, pids)
 
 
 def test_two_trains_cached_then_uncached_then_inference(spark, tmp_path):
