@@ -47,6 +47,18 @@ _SCRIPT = textwrap.dedent(
         deadline = time.monotonic() + 120
         while len(glob.glob(os.path.join(out, "node*-epoch3.json"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
+    # column names with dots and spaces (the push runs on stand-in names) and a Spark ML vector
+    from pyspark.ml.functions import array_to_vector
+    from tests.dataplane.test_spark_frames import _names_frame, names_main
+    names = os.path.join(out, "names")
+    os.makedirs(names)
+    df = _names_frame(spark, 90)
+    with dataplane.run(spark, names_main, {"dir": names}, num_nodes=1) as c:
+        rep = c.train(df, 2, cache=True)
+        ans = c.inference(df.withColumn("vec tor", array_to_vector("`sepal.length`")),
+                          passthrough=("row id", "vec tor")).collect()
+        result["names"] = [rep.rows, sorted((r["row id"], r["out.sum"], r["vec tor"]) for r in ans)]
+    result["names_seen"] = json.load(open(glob.glob(os.path.join(names, "node*.json"))[0]))
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
     """
@@ -77,6 +89,10 @@ def _run(mode: str, tmp_path) -> dict:
     assert result["rows"] == 2000 and sum(result["per_node"].values()) == 2000
     assert result["cached"] == [2000, 1, [2, 3]]
     assert result["inference"] == [1000, 1000, True]
+    assert result["names"] == [180, [[i, 1.5 * i, [float(i), i * 0.5]] for i in range(90)]]
+    for keys, rows in result["names_seen"]:
+        assert keys == ["class-x", "row id", "sepal.length"]
+        assert rows == {str(i): [float(i), i * 0.5, i % 3] for i in range(90)}
     wait_gone(result["pids"], 15)
     return result
 
