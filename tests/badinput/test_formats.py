@@ -82,7 +82,8 @@ CASES = [
     Case(WT, "output-not-empty", _wt(df=_exists), StorageError, ("out", "already exists", "overwrite"),
          within=60, after=lambda env: _kept(env)),
     Case(WT, "not-a-dataframe", lambda env: lambda: formats.write_tfrecords(numeric_table(3), str(env.tmp / "out")),
-         TypeError, ("Spark DataFrame", "got Table", "parquet_to_tfrecords"), within=60),
+         TypeError, ("Spark DataFrame", "got pyarrow.lib.Table", "spark.createDataFrame(table.to_pandas())",
+                     "parquet_to_tfrecords"), within=60),
     # ------------------------------------------------------------------ read_tfrecords
     Case(RT, "missing-path", _rt(lambda env: env.tmp / "nope"), StorageError, ("nope", "does not exist"), within=60),
     Case(RT, "corrupt-record", _rt(lambda env: bad.corrupt_tfrecord(env.dir("d"))), RecordError,
