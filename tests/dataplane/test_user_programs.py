@@ -162,6 +162,20 @@ def _full_epochs(seen, workers, split, ids, epochs):  # type: ignore[no-untyped-
         assert set(union) <= want and len(want) - len(union) < len(workers), (split, e, len(union))
 
 
+def _check_fit_steps(tmp_path, workers, handed, *, rows, val_rows, bs, k, j) -> None:  # type: ignore[no-untyped-def]
+    """A 3-epoch fit(steps_per_epoch=k, validation_steps=j) on 2 MWMS workers: each worker took
+    k steps a fit epoch and j validation steps a validation pass, of bs / 2 rows each (under
+    MWMS the dataset's batch is the global batch: Keras rebatches it over the 2 replicas);
+    Keras may read ahead, never less; ids from the right DataFrame only."""
+    seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+    for n in workers:
+        tr, va = seen[n]["train"][0], seen[n]["validation"][0]
+        assert 3 * k * bs // 2 <= len(tr) and all(0 <= i < rows for i in tr), (n, len(tr))
+        assert 3 * j * bs // 2 <= len(va) and all(100_000 <= i < 100_000 + val_rows for i in va), (n, len(va))
+        assert len(seen[n]["val_loss"]) == 3 and all(np.isfinite(seen[n]["val_loss"]))
+    assert sum(len(seen[n]["train"][0]) + len(seen[n]["validation"][0]) for n in workers) <= handed
+
+
 def _stop(cluster, pids) -> None:  # type: ignore[no-untyped-def]
     t0 = time.monotonic()
     try:
@@ -196,17 +210,7 @@ def test_mwms_fit_on_repeated_cached_shuffled_splits_with_validation_steps(spark
         assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
         assert report.spark_jobs == 2
         handed = _balanced(cluster, report, before)
-        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
-        for n in workers:
-            tr, va = seen[n]["train"][0], seen[n]["validation"][0]
-            # each worker took k steps a fit epoch and j validation steps a validation pass, of
-            # bs / 2 rows each (under MWMS the dataset's batch is the global batch: Keras
-            # rebatches it over the 2 replicas); Keras may read ahead, never less; ids from the
-            # right DataFrame only
-            assert 3 * k * bs // 2 <= len(tr) and all(0 <= i < rows for i in tr), (n, len(tr))
-            assert 3 * j * bs // 2 <= len(va) and all(100_000 <= i < 100_000 + val_rows for i in va), (n, len(va))
-            assert len(seen[n]["val_loss"]) == 3 and all(np.isfinite(seen[n]["val_loss"]))
-        assert sum(len(seen[n]["train"][0]) + len(seen[n]["validation"][0]) for n in workers) <= handed
+        _check_fit_steps(tmp_path, workers, handed, rows=rows, val_rows=val_rows, bs=bs, k=k, j=j)
         # fit stopped after 3 * k steps, far short of the 3 pushed epochs: the rest was refused
         assert sum(report.rows_unconsumed.values()) > 0, report
 
@@ -242,13 +246,7 @@ def test_mwms_fit_on_tf_data_repeat_with_validation_steps(spark, tmp_path):
         assert time.monotonic() - t0 < FEED_TIMEOUT / 2
         assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
         handed = _balanced(cluster, report, before)
-        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
-        for n in workers:
-            tr, va = seen[n]["train"][0], seen[n]["validation"][0]
-            assert 3 * k * bs // 2 <= len(tr) and all(0 <= i < rows for i in tr), (n, len(tr))
-            assert 3 * j * bs // 2 <= len(va) and all(100_000 <= i < 100_000 + val_rows for i in va), (n, len(va))
-            assert len(seen[n]["val_loss"]) == 3 and all(np.isfinite(seen[n]["val_loss"]))
-        assert sum(len(seen[n]["train"][0]) + len(seen[n]["validation"][0]) for n in workers) <= handed
+        _check_fit_steps(tmp_path, workers, handed, rows=rows, val_rows=val_rows, bs=bs, k=k, j=j)
     finally:
         _stop(cluster, pids)
 
