@@ -179,7 +179,7 @@ def _parquet_stream(d: Any) -> tuple[Callable[[], Iterator[Any]], Callable[[Any]
 
     dense = not any(s.is_ragged for s in d.specs)
     chunk = chunk_rows_for(d.plan.metadata, d.columns, d.spec.batch_size) if dense else d.spec.batch_size
-    stream = ChunkStream(d.plan.location, d.plan.units, d.specs, d.plan.schema, chunk, None)
+    stream = ChunkStream(d.plan.location, d.plan.units, d.specs, d.plan.schema, chunk, None, d.plan.hive)
     first = d.specs[0]
 
     def count(item: Any) -> int:
@@ -202,10 +202,17 @@ def _to_numpy(batch: pa.RecordBatch) -> int:
 def _pyarrow_raw(d: Any) -> Callable[[], Iterator[pa.RecordBatch]]:
     import pyarrow.parquet as pq
 
+    from formats.hive import add_constant_columns
+
+    hive = d.plan.hive
+    in_files = [c for c in d.columns if c not in hive.names]
+
     def batches() -> Iterator[pa.RecordBatch]:
         for path in d.plan.files:
             with d.location.filesystem.open_input_file(path) as f:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=d.spec.batch_size, columns=d.columns):
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=d.spec.batch_size, columns=in_files):
+                    if hive:  # partition columns live in the directory names
+                        batch = add_constant_columns(batch, hive.values[path], d.columns)
                     _to_numpy(batch)
                     yield batch
 
@@ -261,6 +268,10 @@ def _parquet_paths(d: Any, nbytes: int) -> tuple[list[BenchPath], Counter]:
     if reason is None and any(s.shape for s in d.specs):
         reason = "tensorflow-io's Parquet reader cannot read list columns: " + ", ".join(
             s.name for s in d.specs if s.shape
+        )
+    if reason is None and any(c in d.plan.hive.names for c in d.columns):
+        reason = "tensorflow-io's Parquet reader does not read partition columns (key=value directories): " + ", ".join(
+            c for c in d.columns if c in d.plan.hive.names
         )
     if reason:
         paths.append(BenchPath("tfio", lambda: 0, kind="peer", unavailable=reason))

@@ -54,12 +54,19 @@ def require_tfio() -> Any:
     return tensorflow_io
 
 
-def tfio_unsupported(schema: pa.Schema, specs: Sequence[ColumnSpec]) -> dict[str, str]:
+def tfio_unsupported(
+    schema: pa.Schema, specs: Sequence[ColumnSpec], partition_columns: Sequence[str] = ()
+) -> dict[str, str]:
     """``{column: why tensorflow-io cannot carry it}`` (empty when all can)."""
     out = {}
     for s in specs:
         t = schema.field(s.name).type
-        if s.shape:
+        if s.name in partition_columns:
+            out[s.name] = (
+                "a partition column (its values are in key=value directory names), which "
+                "tensorflow-io's Parquet reader does not read"
+            )
+        elif s.shape:
             out[s.name] = f"tensorflow-io's Parquet reader only reads flat columns, not {t}"
         elif pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_dictionary(t):
             out[s.name] = f"tensorflow-io's Parquet reader has no mapping for {t}"
@@ -99,7 +106,7 @@ def tfio_parquet_dataset(
     if label is not None and label not in wanted:
         wanted.append(label)
     specs = column_specs(plan.schema, columns=wanted)
-    bad = tfio_unsupported(plan.schema, specs)
+    bad = tfio_unsupported(plan.schema, specs, plan.hive.names)
     if bad:
         raise SchemaError(
             f"tfio_parquet_dataset({plan.location.url}): "

@@ -36,7 +36,10 @@ def parquet_dataset(
     Args:
         path_or_url: a Parquet file or a directory of them: local path, ``file://``, ``s3://``
             (endpoint and keys from the AWS variables, or ``filesystem=``) or ``hdfs://``.
-            Files whose names start with ``_`` or ``.`` are skipped.
+            Files whose names start with ``_`` or ``.`` are skipped. Hive-style ``key=value``
+            directories (``df.write.partitionBy("day")``) become columns after the files' own:
+            ``int64`` when every value is an integer, ``float64`` when every value is a number,
+            otherwise ``string``.
         columns: columns to read, in this order (default: all). Only these are decoded.
         batch_size: rows per batch; every batch has exactly this many rows except the last.
         label: a column to yield apart: batches become ``(features, label)``.
@@ -83,10 +86,10 @@ def parquet_dataset(
     except SchemaError as exc:
         raise SchemaError(f"{plan.location.url}: {exc}") from exc
     check_representable(specs)
-    check_nulls(plan.location, plan.files, plan.metadata, specs)
+    check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
     dense = not any(s.is_ragged for s in specs)
     chunk = chunk_rows_for(plan.metadata, wanted, int(batch_size)) if dense else int(batch_size)
-    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label)
+    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label, plan.hive)
     if dense:
         sig = signature(plan.schema, wanted, label, shapes)
         ds = generator_dataset(stream, sig)

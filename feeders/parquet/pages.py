@@ -26,7 +26,7 @@ import math
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,7 @@ from feeders.parquet.plan import check_file
 from feeders.parquet.scan import to_arrays
 from feeders.readahead import IterAhead
 from formats.fs import Location, storage_error
+from formats.hive import HiveColumns, add_constant_columns
 from formats.parquet_pages import PagesRefused, chunk_layout, iter_page_values
 from formats.pool import BufferPool
 from formats.schema import ColumnSpec
@@ -80,6 +81,7 @@ class PagedChunks:
         paged: the columns to decode from their pages (:func:`paged_columns`).
         chunk_rows: rows per chunk (a row group's last chunk may be short).
         pool: where the chunks' arrays and the local page reads' buffers come from.
+        hive: partition columns (from directory names), added to the columns read by pyarrow.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class PagedChunks:
         paged: set[str],
         chunk_rows: int,
         pool: BufferPool,
+        hive: HiveColumns = HiveColumns(),
     ) -> None:
         self.loc = loc
         self.units = units
@@ -100,6 +103,7 @@ class PagedChunks:
         self.paged = paged
         self.chunk_rows = chunk_rows
         self.pool = pool
+        self.hive = hive
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         io = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="dataplane-parquet-io")
@@ -131,14 +135,16 @@ class PagedChunks:
         pages = None
         try:
             pf = pq.ParquetFile(f, pre_buffer=remote)
-            check_file(self.loc, path, pf.schema_arrow, self.schema, self.names)
+            check_file(self.loc, path, pf.schema_arrow, self.schema,
+                       [n for n in self.names if n not in self.hive.names])
             pages = None if remote else self.loc.filesystem.open_input_file(path)
         except BaseException as exc:
             f.close()
             if isinstance(exc, (OSError, pa.ArrowInvalid)):
                 raise storage_error(exc, "read the Parquet footer of", where) from exc
             raise
-        return _OpenFile(path, where, f, pf, pages, threading.Lock())
+        consts = self.hive.values[path] if self.hive else {}
+        return _OpenFile(path, where, f, pf, pages, threading.Lock(), consts)
 
     def _prepared(self, io: ThreadPoolExecutor) -> Iterator["_Group"]:
         remote = self.loc.scheme != "file"
@@ -283,10 +289,14 @@ class _OpenFile(NamedTuple):
     pf: Any
     pages: Any  # local: a second handle, the decoder's alone, for reading pages
     lock: threading.Lock  # one pyarrow read of this file at a time
+    consts: Mapping[str, pa.Scalar] = {}  # partition columns: this file's values
 
     def read_row_group(self, g: int, columns: list[str]) -> pa.Table:
         with self.lock:
-            return self.pf.read_row_group(g, columns=columns)
+            if not self.consts:
+                return self.pf.read_row_group(g, columns=columns)
+            table = self.pf.read_row_group(g, columns=[c for c in columns if c not in self.consts])
+        return add_constant_columns(table, self.consts, columns)
 
     def close(self) -> None:
         with self.lock:

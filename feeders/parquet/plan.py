@@ -20,6 +20,7 @@ import pyarrow as pa
 from feeders.shard import normalize_shard, take_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, resolve, storage_error
+from formats.hive import HIVE_NULL, HiveColumns, hive_columns
 from formats.schema import ColumnSpec
 
 __all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "check_file", "chunk_rows_for"]
@@ -39,7 +40,10 @@ class ParquetPlan:
     Attributes:
         location: the resolved path/URL.
         files: every data file, sorted.
-        schema: the Arrow schema every file shares (without pandas/Spark metadata).
+        schema: the Arrow schema every file shares (without pandas/Spark metadata), then the
+            partition columns of Hive-style ``key=value`` directories (``df.write.partitionBy``).
+        file_schema: ``schema`` without the partition columns: what the files hold.
+        hive: the partition columns and each file's values (:mod:`formats.hive`).
         row_counts: rows per file.
         units: this shard's ``(file, row_groups or None)`` pairs, in read order.
     """
@@ -51,10 +55,13 @@ class ParquetPlan:
         schema: pa.Schema,
         metadata: list[Any],
         units: list[tuple[str, list[int] | None]],
+        hive: HiveColumns = HiveColumns(),
     ) -> None:
         self.location = location
         self.files = files
-        self.schema = schema
+        self.file_schema = schema
+        self.schema = pa.schema(list(schema) + list(hive.fields))
+        self.hive = hive
         self.metadata = metadata
         self.row_counts = [m.num_rows for m in metadata]
         self.units = units
@@ -119,11 +126,23 @@ def _check_same_schema(loc: Location, files: list[str], metas: list[Any], names:
                 )
 
 
-def check_nulls(loc: Location, files: list[str], metas: list[Any], specs: Sequence[ColumnSpec]) -> None:
-    """A null in a scalar column without a fill value is an error; find it from the footers."""
+def check_nulls(
+    loc: Location, files: list[str], metas: list[Any], specs: Sequence[ColumnSpec], hive: HiveColumns = HiveColumns()
+) -> None:
+    """A null in a scalar column without a fill value is an error; find it from the footers
+    (and, for partition columns, from the directory names)."""
     wanted = {s.name for s in specs if not s.shape and s.fill is None}
     if not wanted:
         return
+    for name in sorted(wanted & set(hive.names)):
+        nulls = [path for path in files if not hive.values[path][name].is_valid]
+        if nulls:
+            raise SchemaError(
+                f"partition column {name!r} is null ({HIVE_NULL}) for "
+                f"{loc.display(nulls[0])} and {len(nulls) - 1} other file(s); TensorFlow "
+                f"tensors cannot hold nulls. Pass fill_values={{{name!r}: ...}} or leave the "
+                f"column out (columns=...)."
+            )
     for path, meta in zip(files, metas):
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
@@ -169,6 +188,7 @@ def plan_parquet(
     schema = plain_schema(metas[0].schema.to_arrow_schema())
     names = list(columns) if columns is not None else list(schema.names)
     _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
+    hive = hive_columns(files, loc.path, schema.names, display=loc.display)
 
     units: list[tuple[str, list[int] | None]]
     if shard_t is None:
@@ -184,7 +204,7 @@ def plan_parquet(
                 loc.url, len(files), len(groups), shard_t[1], shard_t[0],
             )
         units = take_shard(groups, shard_t)
-    return ParquetPlan(loc, files, schema, metas, units)
+    return ParquetPlan(loc, files, schema, metas, units, hive)
 
 
 def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:

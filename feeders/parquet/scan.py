@@ -10,6 +10,7 @@ import pyarrow as pa
 from feeders.parquet.plan import check_file
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, storage_error
+from formats.hive import HiveColumns, add_constant_columns
 from formats.schema import ColumnSpec, to_numpy
 
 __all__ = ["scan_batches", "exact_batches", "to_arrays"]
@@ -26,6 +27,7 @@ def scan_batches(
     schema: pa.Schema,
     names: list[str],
     chunk_rows: int,
+    hive: HiveColumns = HiveColumns(),
 ) -> Iterator[pa.RecordBatch]:
     """The units' record batches of (up to) ``chunk_rows`` rows of ``names``, in unit order.
 
@@ -33,9 +35,16 @@ def scan_batches(
     :data:`_FRAGMENT_READAHEAD` files ahead of the consumer, with the GIL released, so decoding
     overlaps with TensorFlow on another core. Batches arrive in unit order (``scan_batches``
     keeps it). Each file is checked against the planned ``schema`` as it arrives
-    (:func:`~feeders.parquet.plan.check_file`).
+    (:func:`~feeders.parquet.plan.check_file`). Partition columns (``hive``) are not in the
+    files; each batch gets its file's values.
     """
     import pyarrow.dataset as pds
+
+    if hive:
+        in_files = [n for n in names if n not in hive.names]
+        schema = pa.schema([f for f in schema if f.name not in hive.names])
+    else:
+        in_files = names
 
     remote = loc.scheme != "file"
     fmt = pds.ParquetFileFormat(
@@ -50,7 +59,7 @@ def scan_batches(
             raise storage_error(exc, "open", loc.display(path)) from exc
     dataset = pds.FileSystemDataset(frags, schema=schema, format=fmt, filesystem=fs)
     scanner = dataset.scanner(
-        columns=names,
+        columns=in_files,
         batch_size=chunk_rows,
         batch_readahead=_BATCH_READAHEAD,
         fragment_readahead=_FRAGMENT_READAHEAD,
@@ -77,10 +86,11 @@ def scan_batches(
             raise err from exc
         path = item.fragment.path
         if path not in checked:
-            check_file(loc, path, item.fragment.physical_schema, schema, names)
+            check_file(loc, path, item.fragment.physical_schema, schema, in_files)
             checked.add(path)
-        if item.record_batch.num_rows:
-            yield item.record_batch
+        batch = item.record_batch
+        if batch.num_rows:
+            yield add_constant_columns(batch, hive.values[path], names) if hive else batch
 
 
 def exact_batches(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch | pa.Table]:

@@ -12,6 +12,7 @@ from feeders.elements import flatten
 from feeders.parquet.pages import PagedChunks, paged_columns
 from feeders.parquet.scan import exact_batches, scan_batches, to_arrays
 from formats.fs import Location
+from formats.hive import HiveColumns
 from formats.pool import BufferPool
 from formats.schema import ColumnSpec
 
@@ -36,6 +37,7 @@ class ChunkStream:
         schema: pa.Schema,
         chunk_rows: int,
         label: str | None = None,
+        hive: HiveColumns = HiveColumns(),
     ) -> None:
         self.loc = loc
         # Without ragged columns the generator yields the final structure (no graph map).
@@ -46,6 +48,7 @@ class ChunkStream:
         self.names = [s.name for s in specs]
         self.schema = schema
         self.chunk_rows = chunk_rows
+        self.hive = hive
         self.paged = paged_columns(specs, schema) if self.dense else set()
         self.pool = BufferPool()
 
@@ -62,10 +65,10 @@ class ChunkStream:
     def _arrays(self) -> Iterator[dict[str, Any]]:
         """The shard's rows as dicts of numpy arrays (chunks, or exact batches when ragged)."""
         if self.paged:
-            yield from PagedChunks(self.loc, self.units, self.specs, self.schema, self.paged, self.chunk_rows, self.pool)
+            yield from PagedChunks(self.loc, self.units, self.specs, self.schema, self.paged, self.chunk_rows, self.pool, self.hive)
             return
         # Dense: chunks of several batches, re-cut by Dataset.rebatch (cheap in C++).
         # Ragged: rebatch is slow for ragged tensors, so cut exact batches here instead.
-        batches = scan_batches(self.loc, self.units, self.schema, self.names, self.chunk_rows)
+        batches = scan_batches(self.loc, self.units, self.schema, self.names, self.chunk_rows, self.hive)
         for batch in batches if self.dense else exact_batches(batches, self.chunk_rows):
             yield to_arrays(self.loc, batch, self.specs)
