@@ -18,6 +18,7 @@ from formats.errors import SchemaError
 from formats.schema import ColumnSpec, RaggedColumn, tf_spec
 
 __all__ = [
+    "LABELS_HINT",
     "validate_reader_args",
     "ragged_split_count",
     "check_representable",
@@ -115,12 +116,18 @@ def assemble(flat: Sequence[Any], specs: Sequence[ColumnSpec], label: str | None
     return out, y
 
 
+LABELS_HINT = (
+    "For a model with several outputs, leave label=None and split the batches yourself: "
+    "ds.map(lambda b: ({k: b[k] for k in inputs}, {k: b[k] for k in outputs}))."
+)
+
+
 def validate_reader_args(batch_size: Any, label: Any, columns: Any) -> None:
     """Up-front checks shared by the pull readers."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     if label is not None and not isinstance(label, str):
-        raise ValueError(f"label must be a column name (str) or None, got {label!r}.")
+        raise ValueError(f"label must be a column name (str) or None, got {label!r}. {LABELS_HINT}")
     if columns is not None:
         if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
             raise ValueError(f"columns must be a list of column names, got {columns!r}.")

@@ -43,6 +43,13 @@ _NODE_HINT = (
     "If the node died, cluster.metrics() and cluster.shutdown() on the driver report its error "
     "(a NodeError with its traceback); otherwise check that executors can reach it."
 )
+# An action on inference()'s output after the cluster is gone ends up here too.
+_INFER_HINT = (
+    "If the cluster was shut down: the DataFrame that cluster.inference() returns is lazy, and "
+    "every action on it (count, collect, write) sends its rows to the nodes again, so write it "
+    "(or cache() and count() it) before leaving the `with dataplane.run(...)` block. "
+    + _NODE_HINT
+)
 
 
 def _chunks(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
@@ -287,7 +294,7 @@ class PartitionInferrer:
             writer, reader = client.do_exchange(desc, options=call_options(self.secret, self.timeout))
         except flight.FlightError as e:
             raise FeedError(
-                f"inference: cannot reach node {node_id} at {loc}: {e}. {_NODE_HINT}"
+                f"inference: cannot reach node {node_id} at {loc}: {e}. {_INFER_HINT}"
             ) from e
         begun = False
         seq = 0
@@ -319,7 +326,7 @@ class PartitionInferrer:
         except flight.FlightError as e:
             raise FeedError(
                 f"inference of partition {part} on node {node_id} at {loc} failed: {e}. "
-                f"{_NODE_HINT}"
+                f"{_INFER_HINT}"
             ) from e
 
 

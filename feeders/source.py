@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from formats.errors import FeedError, SchemaError
 from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
+from feeders.elements import LABELS_HINT
 from feeders.generator import generator_dataset
 from formats.schema import ColumnSpec, RaggedColumn, column_specs, same_columns, schema_text, tf_spec, to_numpy
 
@@ -208,6 +209,8 @@ def push_dataset(
 
     if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if label is not None and not isinstance(label, str):
+        raise ValueError(f"label must be a column name (str) or None, got {label!r}. {LABELS_HINT}")
     if repeat and split == "validation":
         # Keras starts a new pass over validation data every epoch (a new iterator), so a
         # validation stream would lose what tf.data had read ahead at each drop and then wait

@@ -154,7 +154,8 @@ class Cluster:
         """Run every row of ``df`` through the nodes' ``ctx.serve(predict)``.
 
         Returns a (lazy) DataFrame with the ``passthrough`` columns and predict's outputs, one
-        output row per input row. Each partition goes to one serving node over ``do_exchange``;
+        output row per input row. Every action on it runs the inference again, so write it (or
+        cache and count it) before the cluster shuts down; after that its tasks fail. Each partition goes to one serving node over ``do_exchange``;
         answers come back on the same stream, matched by sequence number.
 
         Args:

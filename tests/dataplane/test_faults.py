@@ -280,3 +280,18 @@ def test_ctrl_c_on_the_driver_during_train_ends_everything_within_seconds(tmp_pa
     assert took < 30, took
     wait_gone(info["pids"], 15)
     assert node_processes(info["id"]) == []
+
+
+def test_inference_output_computed_after_shutdown_says_it_is_lazy(spark):
+    # the usual slip: inference() inside the with block, the write after it
+    df = spark.range(0, 40, 1, 2).selectExpr("id", "cast(id as double) as x")
+    with dataplane.run(spark, slow_serve_main, {"delay": 0.0}, num_nodes=1) as cluster:
+        out = cluster.inference(df, passthrough=("id",))
+        assert sorted(r["y"] for r in out.collect()) == [2.0 * i for i in range(40)]
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:
+        out.count()
+    assert time.monotonic() - t0 < 30
+    text = str(info.value)
+    assert "inference" in text and "node 0" in text, text[-2000:]
+    assert "the DataFrame that cluster.inference() returns is lazy" in text, text[-2000:]

@@ -206,6 +206,19 @@ def test_a_validation_split_cannot_be_one_stream():
     assert buf.snapshot()["epochs_begun"] == 0
 
 
+
+def test_a_list_of_labels_is_refused_with_the_multi_output_recipe():
+    # a multi-output model's user tries label=["y1", "y2"]; it used to be told that the list
+    # "is not in the pushed DataFrame"
+    from feeders.source import push_dataset
+
+    buf = FeedBuffer(1 << 20)
+    with pytest.raises(ValueError, match=r"label must be a column name \(str\) or None, got \['y1', 'y2'\]\. "
+                                         r"For a model with several outputs.*ds\.map"):
+        push_dataset(buf, batch_size=8, num_workers=1, label=["y1", "y2"])
+    assert buf.snapshot()["epochs_begun"] == 0
+
+
 def _announce(buf: FeedBuffer, *splits: str) -> None:
     for e, split in enumerate(splits):
         buf.begin_epoch(EpochInfo(e, SCHEMA, split=split))
