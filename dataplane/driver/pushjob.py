@@ -33,32 +33,46 @@ def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
     return FeedError(f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was cancelled. {why}")
 
 
-def array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
-    """Per-row lengths of top-level array columns whose length is the same in every row.
+def _list_depth(t: pa.DataType) -> int:
+    depth = 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t):
+        t, depth = t.value_type, depth + 1
+    return depth
 
-    One aggregate query over ``df``; such columns are fed as dense ``[batch, n]`` tensors, the
-    others as ragged tensors.
+
+def array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
+    """Per-row shapes of array columns whose shape is the same in every row.
+
+    One aggregate query over ``df``: the smallest and largest length at every nesting level
+    (an 8x8 image given as ``array<array<float>>`` is ``(8, 8)``). Such columns are fed as
+    dense ``[batch, *shape]`` tensors, the others as ragged tensors.
     """
     from pyspark.sql import functions as F
 
-    lists = [
-        f.name
-        for f in schema
-        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
-        if not (pa.types.is_list(f.type.value_type) or pa.types.is_large_list(f.type.value_type))
-    ]
+    lists = {f.name: _list_depth(f.type) for f in schema if _list_depth(f.type)}
     if not lists:
         return {}
     aggs = []
-    for i, name in enumerate(lists):
-        size = F.size(F.col(f"`{name}`"))
-        aggs += [F.min(size).alias(f"mn{i}"), F.max(size).alias(f"mx{i}")]
+    for i, (name, depth) in enumerate(lists.items()):
+        col = F.col(f"`{name}`")
+        aggs += [F.min(F.size(col)).alias(f"mn{i}_0"), F.max(F.size(col)).alias(f"mx{i}_0")]
+        inner = col  # the arrays one level down, every row's concatenated
+        for level in range(1, depth):
+            sizes = F.transform(inner, lambda a: F.size(a))
+            aggs += [F.min(F.array_min(sizes)).alias(f"mn{i}_{level}"),
+                     F.max(F.array_max(sizes)).alias(f"mx{i}_{level}")]
+            inner = F.flatten(inner)
     row = df.agg(*aggs).collect()[0]
     out = {}
-    for i, name in enumerate(lists):
-        mn, mx = row[f"mn{i}"], row[f"mx{i}"]
-        if mn is not None and mn == mx and mn > 0:
-            out[name] = (int(mn),)
+    for i, (name, depth) in enumerate(lists.items()):
+        shape = []
+        for level in range(depth):
+            mn, mx = row[f"mn{i}_{level}"], row[f"mx{i}_{level}"]
+            if mn is None or mn != mx or mn <= 0:
+                break
+            shape.append(int(mn))
+        if len(shape) == depth:
+            out[name] = tuple(shape)
     return out
 
 

@@ -260,15 +260,29 @@ class NodeContext:
 
 
 def _ragged_to_object(col) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """A list column for predict: 2-D when every row has the same length (the usual feature
-    vector), else an object array of per-row arrays."""
-    values, splits = col.values, col.row_splits[0]
-    lengths = np.diff(splits)
-    if len(col.row_splits) == 1 and len(lengths) and np.all(lengths == lengths[0]):
-        return values.reshape(len(lengths), int(lengths[0]))
-    out = np.empty(len(splits) - 1, dtype=object)
-    for i in range(len(out)):
-        out[i] = values[splits[i] : splits[i + 1]]
+    """A list column for predict: dense ``[rows, n, ...]`` when every row has the same shape
+    (a feature vector; an image given as nested arrays), else an object array of per-row
+    arrays (nested lists for nested arrays)."""
+    values, splits = col.values, col.row_splits
+    rows = len(splits[0]) - 1
+    dims = []
+    for level in splits:
+        lengths = np.diff(level)
+        if not len(lengths) or not np.all(lengths == lengths[0]):
+            break
+        dims.append(int(lengths[0]))
+    if rows and len(dims) == len(splits):
+        return values.reshape(rows, *dims, *values.shape[1:])
+
+    def row(level: int, start: int, end: int):  # type: ignore[no-untyped-def]
+        if level == len(splits):
+            return values[start:end]
+        s = splits[level]
+        return [row(level + 1, int(s[j]), int(s[j + 1])) for j in range(start, end)]
+
+    out = np.empty(rows, dtype=object)
+    for i in range(rows):
+        out[i] = row(1, int(splits[0][i]), int(splits[0][i + 1]))
     return out
 
 

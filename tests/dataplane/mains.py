@@ -140,6 +140,11 @@ def schema_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             if "ts" in feats:
                 assert (feats["ts"].numpy() == ids * 1000003).all(), feats["ts"]
                 assert (feats["day"].numpy() == ids).all(), feats["day"]
+            if "grid" in feats:
+                want = ids[:, None, None] + 3 * np.arange(2)[None, :, None] + np.arange(3)[None, None, :]
+                assert (feats["grid"].numpy() == want).all(), feats["grid"]
+                jag = feats["jag"]
+                assert jag.flat_values.numpy().tolist() == [k for i in ids for k in range(i % 3 + 1)]
         if not rows and ctx.should_stop:
             break
         _write(os.path.join(args["dir"], f"node{ctx.node_id}-epoch{epoch}.json"),

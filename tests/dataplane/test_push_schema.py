@@ -26,6 +26,11 @@ def _frame(spark, rows: int, *, null_score_without_fill: bool = False):
         # for one, carry a modificationTime): microseconds / days since the epoch on the node
         "timestamp_micros(id * 1000003) as ts",
         "date_add(date'1970-01-01', cast(id as int)) as day",
+        # images as users make them (createDataFrame(images.tolist())): nested arrays, the
+        # same shape in every row, come out dense without a declared shape; nested arrays
+        # whose inner lengths vary stay ragged
+        "transform(sequence(0, 1), i -> transform(sequence(0, 2), j -> cast(id + 3 * i + j as float))) as grid",
+        "array(sequence(0, cast(id % 3 as int))) as jag",
     )
 
 
@@ -46,6 +51,8 @@ def test_strings_binary_declared_shapes_and_fill_values(spark, tmp_path):
             "label": {"dtype": "int32", "shape": []},
             "ts": {"dtype": "int64", "shape": []},
             "day": {"dtype": "int32", "shape": []},
+            "grid": {"dtype": "float32", "shape": [2, 3]},
+            "jag": {"dtype": "int32", "shape": [None, None]},
         }
 
 

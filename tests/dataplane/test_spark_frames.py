@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -295,6 +296,54 @@ def test_images_read_with_the_binary_file_source_decode_on_the_nodes(spark, tmp_
             assert len(r[e]) == 15 and not set(got) & set(r[e])
             got.update(r[e])
         assert got == want, e
+
+
+def nested_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """A Keras CNN fed nested-array images (no shapes declared), then serving them."""
+    import tensorflow as tf
+
+    ds = ctx.dataset(16, features=["img"], label="label")
+    model = tf.keras.Sequential([
+        tf.keras.Input((4, 4, 3)), tf.keras.layers.Conv2D(2, 3), tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(3),
+    ])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    hist = model.fit(ds.map(lambda f, y: (f["img"], y)), epochs=1, verbose=0)
+    with open(os.path.join(args["dir"], f"node{ctx.node_id}.json"), "w") as fh:
+        json.dump({"spec": ds.element_spec[0]["img"].shape.as_list(), "loss": hist.history["loss"]}, fh)
+    ctx.serve(lambda b: {"sum": b["img"].sum(axis=(1, 2, 3)), "rank": np.full(len(b["id"]), b["img"].ndim),
+                         "lengths": np.asarray([sum(len(r) for r in row) if isinstance(row, list) else -1
+                                                for row in b["jag"]])})
+
+
+def test_images_given_as_nested_arrays_are_dense_for_training_and_serving(spark, tmp_path):
+    """What users do with a numpy image set: createDataFrame(images.tolist()), which Spark types
+    array<array<array<float>>>. A CNN must train on it and serve it without declared shapes."""
+    rng = np.random.default_rng(3)
+    imgs = rng.random((60, 4, 4, 3)).astype(np.float32)
+    rows = [(i, imgs[i].tolist(), [[1.0] * (i % 3 + 1), [2.0]], i % 3) for i in range(60)]
+    df = spark.createDataFrame(
+        rows, "id long, img array<array<array<float>>>, jag array<array<float>>, label int"
+    )
+    cluster = dataplane.run(spark, nested_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        report = cluster.train(df.select("img", "label"), 1, feed_timeout=60)
+        assert report.rows == 60
+        for _ in range(300):
+            if (tmp_path / "node0.json").exists():
+                break
+            time.sleep(0.2)
+        rec = json.loads((tmp_path / "node0.json").read_text())
+        assert rec["spec"] == [None, 4, 4, 3] and np.isfinite(rec["loss"][0])
+        out = {r["id"]: r for r in cluster.inference(df.select("id", "img", "jag"), passthrough=("id",)).collect()}
+        assert sorted(out) == list(range(60))
+        for i in range(60):  # float32 sums of each image, as numpy makes them
+            assert out[i]["sum"] == pytest.approx(float(imgs[i].sum()), rel=1e-6)
+            assert (out[i]["rank"], out[i]["lengths"]) == (4, i % 3 + 2)
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
 
 
 def test_frames_that_are_not_spark_dataframes_are_named_with_the_conversion(spark, tmp_path):
