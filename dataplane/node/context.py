@@ -153,7 +153,8 @@ class NodeContext:
             label: if given, the dataset yields ``(features_dict, label_tensor)``.
             drop_remainder: drop each epoch's last partial batch (static batch shape).
             shapes: per-row shapes for array columns, e.g. ``{"image": (28, 28)}``. Arrays
-                whose length is the same in every row are dense ``[batch, n]`` without this.
+                whose shape is the same in every row are dense without this: ``[batch, n]``,
+                or ``[batch, 28, 28]`` for an image given as ``array<array<float>>``.
             fill_values: values replacing nulls per column (default: a null is an error).
             prefetch: batches prepared ahead of the training step.
             repeat: one stream over every pushed epoch (see above); ``split="train"`` only,
@@ -207,7 +208,8 @@ class NodeContext:
 
         Args:
             predict: takes ``{column: np.ndarray}`` for one batch of rows (array columns whose
-                rows all have the same length arrive 2-D ``[rows, n]``) and returns
+                rows all have the same shape arrive dense, ``[rows, n]`` or ``[rows, 28, 28]``
+                for nested arrays) and returns
                 ``{output_name: np.ndarray}`` with one entry per input row in each array.
         """
         broker = self._broker
