@@ -55,6 +55,9 @@ __all__ = [
     "to_numpy",
 ]
 
+# How Spark writes a pyspark.ml.linalg vector (VectorUDT) into Parquet / Arrow.
+_SPARK_VECTOR_FIELDS = ("type", "size", "indices", "values")
+
 _SCALAR_DTYPES = {
     pa.bool_(): "bool",
     pa.int8(): "int8",
@@ -131,6 +134,14 @@ def _element_type(name: str, t: pa.DataType, where: str) -> tuple[str, tuple[int
         raise SchemaError(
             f"column {name!r}{where} has type {t}: TensorFlow has no decimal type. "
             f"Cast it first, e.g. df.withColumn({name!r}, col({name!r}).cast('double'))."
+        )
+    if pa.types.is_struct(t) and [f.name for f in t] == list(_SPARK_VECTOR_FIELDS):
+        raise SchemaError(
+            f"column {name!r}{where} is a Spark ML vector as Spark stores it (a struct of "
+            f"{', '.join(_SPARK_VECTOR_FIELDS)}), which TensorFlow cannot read. Write it as an "
+            f"array instead: from pyspark.ml.functions import vector_to_array; "
+            f"df.withColumn({name!r}, vector_to_array({name!r}, 'float32')) before writing the "
+            f"files (push it with cluster.train and it is converted for you)."
         )
     if pa.types.is_struct(t):
         raise SchemaError(

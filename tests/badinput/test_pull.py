@@ -68,6 +68,12 @@ CASES = [
          SchemaError, ("'m'", "map", "map_keys()")),
     Case(PQ, "struct-column", _pq(pa.table({"id": [1], "s": [{"a": 1}]})),
          SchemaError, ("'s'", "struct", "df.select('s.*')")),
+    # how Spark writes a VectorAssembler column to Parquet: the struct's fields are no features
+    Case(PQ, "spark-ml-vector-column", _pq(pa.table({"id": [1], "features": pa.array(
+        [{"type": 1, "size": None, "indices": None, "values": [0.5, 1.5]}],
+        pa.struct([("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())),
+                   ("values", pa.list_(pa.float64()))]))})),
+         SchemaError, ("'features'", "Spark ML vector", "vector_to_array('features', 'float32')")),
     Case(PQ, "duration-column", _pq(pa.table({"id": [1], "t": pa.array([1], pa.duration("s"))})),
          SchemaError, ("'t'", "duration[s]", "Cast it")),
     # ------------------------------------------------------------------ parquet: nulls
