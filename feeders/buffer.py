@@ -86,6 +86,7 @@ class FeedBuffer:
             "batches_in": 0,
             "rows_duplicate": 0,
             "rows_out": 0,
+            "rows_taken": 0,  # rows the consumer took from the buffer, pushed or replayed (progress)
             "rows_left": 0,  # received but not handed over: passes left early
             "buffer_bytes": 0,
             "buffer_peak_bytes": 0,
@@ -589,6 +590,7 @@ class FeedBuffer:
             out = list(ep.queue)
             if ep.parked is not None and ep.parked.rows:
                 out += ep.parked.pop()  # parked after everything queued: order is kept
+            self.metrics["rows_taken"] += sum(b.num_rows for b in out)
             ep.queue.clear()
             self._bytes -= ep.queued_bytes
             ep.queued_bytes = 0

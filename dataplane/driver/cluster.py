@@ -109,7 +109,9 @@ class Cluster:
         Args:
             df: the training rows; read on the nodes with ``ctx.dataset(...)``.
             num_epochs: passes over ``df``.
-            feed_timeout: seconds the whole call may take.
+            feed_timeout: seconds the call may stand still: it fails once no row has moved
+                into or out of any worker's buffer for that long (a node that stops reading, a
+                stuck job). Training that keeps reading is never cut short, however long.
             cache: push ``df`` once (one Spark job) and let every worker replay its share for
                 the later epochs itself, from memory up to ``run(cache_bytes=...)`` and from
                 Arrow IPC files in its work directory beyond that (removed at shutdown).
@@ -133,7 +135,7 @@ class Cluster:
         Raises:
             NodeError: a node's main raised or its process died during the feed.
             SchemaError: ``df`` has no columns, or a column no tensor can hold.
-            FeedError: the feeding job failed or did not finish within ``feed_timeout``.
+            FeedError: the feeding job failed, or nothing moved for ``feed_timeout`` seconds.
         """
         self._check_running("train")
         return self._feeder.train(

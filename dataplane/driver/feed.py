@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.pushjob import PushJobs, feed_timeout_error
+from dataplane.driver.pushjob import FeedClock, PushJobs, feed_timeout_error
 from dataplane.driver.sparkjobs import arrow_schema_of
 from dataplane.errors import FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
@@ -222,7 +222,6 @@ class Feeder:
         if validation is not None:
             splits.append(self._split("validation", validation))
         t0 = time.monotonic()
-        deadline = t0 + feed_timeout
         report = FeedReport(0, 0, 0.0, {}, 0)
         workers = self._live_workers()
         if not workers:
@@ -230,6 +229,7 @@ class Feeder:
                 "train(): every chief and worker's main has returned (or failed), so nothing "
                 "would read the data; cluster.shutdown() reports how each main ended."
             )
+        clock = FeedClock(feed_timeout, lambda: self._rows_moved(workers))
         ids = tuple(n.node_id for n in workers)
         caches: dict[str, tuple[str, bool]] = {}  # split -> (cache id, already recorded)
         if cache:
@@ -258,11 +258,11 @@ class Feeder:
         ]
         self._each(workers, Action.BEGIN_EPOCH, lambda n: {"epochs": begins})  # in order, at once
         try:
-            self._run_epochs(books, report, deadline, feed_timeout, progress, t0)
+            self._run_epochs(books, report, clock, progress, t0)
         except BaseException:
             self._abort(books)
             raise
-        self._settle(books, report, deadline, feed_timeout)
+        self._settle(books, report, clock)
         report.seconds = time.monotonic() - t0
         return report
 
@@ -284,13 +284,19 @@ class Feeder:
                 logger.warning("could not end epoch %d on every node after a failed push: %s", ep.epoch, e)
                 return
 
-    def _run_epochs(self, books, report, deadline, feed_timeout, progress, t0) -> None:  # type: ignore[no-untyped-def]
+    def _rows_moved(self, workers: Sequence[NodeInfo]) -> int:
+        """Rows the workers have taken in and handed to their readers so far (progress for
+        :class:`FeedClock`)."""
+        replies = self._each(workers, Action.METRICS, lambda n: {})
+        return sum(int(m.get("rows_in", 0)) + int(m.get("rows_taken", 0)) for m in replies.values())
+
+    def _run_epochs(self, books, report, clock, progress, t0) -> None:  # type: ignore[no-untyped-def]
         for ep in books:
             report.epochs.append(ep.epoch)
             if ep.replay is not None:
-                self._replay_epoch(ep, deadline, feed_timeout)
+                self._replay_epoch(ep, clock)
             else:
-                self._push_epoch(ep, report, deadline, feed_timeout)
+                self._push_epoch(ep, report, clock)
             report.rows += sum(ep.assigned.values())
             report.rows_per_split[ep.split] = report.rows_per_split.get(ep.split, 0) + sum(ep.assigned.values())
             if progress is not None:
@@ -324,12 +330,11 @@ class Feeder:
         except Exception as e:  # noqa: BLE001 - a node that cannot be told frees it at exit
             logger.warning("could not drop cache %s on every node: %s", old.cache_id, e)
 
-    def _push_epoch(self, ep: _EpochBooks, report: FeedReport, deadline: float, timeout: float) -> None:
+    def _push_epoch(self, ep: _EpochBooks, report: FeedReport, clock: FeedClock) -> None:
         sp = ep.source
         what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch,
-                              what=what, deadline=deadline, timeout=timeout,
-                              why_late=lambda: self._unread(ep))
+                              what=what, clock=clock, why_late=lambda: self._unread(ep))
         report.spark_jobs += 1
         report.spark_tasks += len({r["partition"] for r in rows})
         sent: dict[int, int] = {}
@@ -363,10 +368,11 @@ class Feeder:
             f"Node(s) {idle} read none of it while their main still runs: a program that reads "
             f"fewer passes than train() pushes (a fit that EarlyStopping ended, fewer fit epochs "
             f"than num_epochs, a validation split it does not read) must call ctx.end_feed() or "
-            f"return from main once it reads no more; otherwise raise feed_timeout for bigger data."
+            f"return from main once it reads no more; otherwise raise feed_timeout if a node may "
+            f"rightly read nothing for longer (a long set-up before its first pass)."
         )
 
-    def _replay_epoch(self, ep: _EpochBooks, deadline: float, timeout: float) -> None:
+    def _replay_epoch(self, ep: _EpochBooks, clock: FeedClock) -> None:
         """The nodes replay their caches: no Spark job; the limit is the smallest cache."""
         while True:
             replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
@@ -377,8 +383,8 @@ class Feeder:
             err = self._failure()
             if err is not None:
                 raise err
-            if time.monotonic() > deadline:
-                raise feed_timeout_error(f"replaying epoch {ep.epoch}", timeout)
+            if clock.expired():
+                raise feed_timeout_error(f"replaying epoch {ep.epoch}", clock.timeout)
             time.sleep(0.05)
         recorded = self._caches[ep.split].assigned
         ep.assigned = {n.node_id: recorded.get(n.node_id, rows[n.node_id]) for n in ep.workers}
@@ -407,7 +413,7 @@ class Feeder:
             )
         return states
 
-    def _settle(self, books: list[_EpochBooks], report: FeedReport, deadline: float, timeout: float) -> None:
+    def _settle(self, books: list[_EpochBooks], report: FeedReport, clock: FeedClock) -> None:
         """Wait until every worker's pass over each pushed epoch has ended, then account for
         every row: consumed (handed to TensorFlow), dropped for balance, or unconsumed."""
         pending = list(books)
@@ -422,12 +428,12 @@ class Feeder:
                 err = self._failure()
                 if err is not None:
                     raise err
-                if time.monotonic() > deadline:
+                if clock.expired():
                     idle = _unstarted(states)
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
-                        f"{idle or sorted(states)} did not finish reading it within "
-                        f"feed_timeout={timeout:.0f} s. A program that reads fewer epochs than "
+                        f"{idle or sorted(states)} stopped reading it: nothing moved for "
+                        f"feed_timeout={clock.timeout:.0f} s. A program that reads fewer epochs than "
                         f"train(num_epochs=...) pushes (a fit ended early by EarlyStopping, "
                         f"fewer fit epochs) leaves the rest unread: read one pass per pushed "
                         f"epoch, use ctx.dataset(repeat=True), or call ctx.end_feed() or return "

@@ -17,20 +17,54 @@ from dataplane.errors import FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 
-__all__ = ["PushJobs", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
+__all__ = ["PushJobs", "FeedClock", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
 
 # Push tasks per task slot at most (PushJobs.as_pushed): enough to keep every slot busy and
 # balanced, few enough that Spark's per-task cost stays small (docs/design.md, "Few tasks").
 TASKS_PER_SLOT = 4
 
 
+class FeedClock:
+    """``feed_timeout`` as a limit on standing still, not on the call's length.
+
+    ``expired()`` is true once no row has moved into or out of any worker's buffer for
+    ``timeout`` seconds, so a training run of hours that keeps reading never hits it, while a
+    node that stops reading (or a job that stops sending) fails the call after ``timeout``.
+    ``moved()`` is asked only when the time is up, so a healthy run costs one round of node
+    metrics per ``timeout`` seconds.
+    """
+
+    def __init__(self, timeout: float, moved: Callable[[], int]) -> None:
+        self.timeout = timeout
+        self._moved = moved
+        self._seen = moved()
+        self._until = time.monotonic() + timeout
+
+    def expired(self) -> bool:
+        now = time.monotonic()
+        if now <= self._until:
+            return False
+        try:
+            seen = self._moved()
+        except Exception:  # noqa: BLE001 - nodes that cannot answer are not moving rows
+            return True
+        if seen != self._seen:
+            self._seen, self._until = seen, now + self.timeout
+            return False
+        return True
+
+
 def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
-    """The error for a push that outlasted ``feed_timeout``; ``why``: what the nodes say."""
+    """The error for a push during which nothing moved for ``feed_timeout``; ``why``: what the
+    nodes say."""
     why = why or (
-        "Raise feed_timeout for bigger data, or check that the nodes consume their dataset "
-        "(cluster.metrics() shows each node's buffer and stall time)."
+        "Check that the nodes consume their dataset (cluster.metrics() shows each node's buffer "
+        "and stall time), or raise feed_timeout if a node may rightly read nothing for longer."
     )
-    return FeedError(f"{what} did not finish within feed_timeout={timeout:.0f} s; the job was cancelled. {why}")
+    return FeedError(
+        f"{what}: no row moved into or out of any node for feed_timeout={timeout:.0f} s; the job "
+        f"was cancelled. {why}"
+    )
 
 
 def _list_depth(t: pa.DataType) -> int:
@@ -124,13 +158,13 @@ class PushJobs:
         self._pushed = PerDataFrame()
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
-            what: str, deadline: float, timeout: float,
+            what: str, clock: FeedClock,
             why_late: Callable[[], str] | None = None) -> list[Any]:
         """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS).
-        ``why_late``: asked, if the job outlasts ``timeout``, for what the nodes say about it."""
+        ``why_late``: asked, if nothing moves for ``clock.timeout``, what the nodes say about it."""
         pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch)
         job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
-        return self._wait(job, deadline, what, timeout, why_late)
+        return self._wait(job, clock, what, why_late)
 
     def shapes(self, df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
@@ -202,18 +236,18 @@ class PushJobs:
             self._push_frame = (key, ref, frame(None))
         return self._push_frame[2], {EPOCH_PROPERTY: str(epoch)}
 
-    def _wait(self, job: SparkJob, deadline: float, what: str, timeout: float,
+    def _wait(self, job: SparkJob, clock: FeedClock, what: str,
               why_late: Callable[[], str] | None = None) -> Any:
-        """Wait for ``job`` while watching the nodes; cancel it if a node fails, time runs out
-        or the wait itself is interrupted (Ctrl-C on the driver)."""
+        """Wait for ``job`` while watching the nodes; cancel it if a node fails, nothing moves
+        for ``clock.timeout`` or the wait itself is interrupted (Ctrl-C on the driver)."""
         try:
-            return self._watch(job, deadline, what, timeout, why_late)
+            return self._watch(job, clock, what, why_late)
         except BaseException as e:
             if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit
                 job.cancel()
             raise
 
-    def _watch(self, job: SparkJob, deadline: float, what: str, timeout: float,
+    def _watch(self, job: SparkJob, clock: FeedClock, what: str,
                why_late: Callable[[], str] | None) -> Any:
         while True:
             try:
@@ -238,6 +272,6 @@ class PushJobs:
             if err is not None:
                 job.cancel()
                 raise err
-            if time.monotonic() > deadline:
+            if clock.expired():
                 job.cancel()
-                raise feed_timeout_error(what, timeout, why_late() if why_late else "")
+                raise feed_timeout_error(what, clock.timeout, why_late() if why_late else "")

@@ -91,7 +91,8 @@ def feed_stream(
         query_name: name shown in the Spark UI and ``spark.streams``.
         skip_empty: do not push micro-batches without rows (default True: an empty epoch would
             only wake the nodes for nothing; costs one small check per batch).
-        feed_timeout: per micro-batch deadline for the push, in seconds.
+        feed_timeout: seconds a micro-batch's push may stand still (no row moving) before it
+            fails.
         on_batch: ``on_batch(batch_id, FeedReport)`` after each pushed micro-batch (progress).
 
     Returns:

@@ -108,6 +108,19 @@ def slow_reader_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             time.sleep(0.05)
 
 
+def steady_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """A model slower than the test's feed_timeout per epoch (``delay`` s a batch of 16 rows)
+    that keeps reading: one pass, its rows recorded; then it reads nothing until stopped."""
+    ds = ctx.dataset(16)
+    rows = 0
+    for b in ds:
+        rows += int(b["id"].shape[0])
+        time.sleep(args["delay"])
+    _write(os.path.join(args["dir"], f"steady{ctx.node_id}.json"), {"rows": rows})
+    while not ctx.should_stop:
+        time.sleep(0.1)
+
+
 def pull_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Busy for a while without pushed data (pull mode), then record that it finished."""
     time.sleep(args["seconds"])
