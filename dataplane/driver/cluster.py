@@ -192,7 +192,11 @@ class Cluster:
 
         The chief and workers first get to finish what they are doing (training on the epochs
         already pushed, or reading files in pull mode) until their main returns or only waits
-        for the driver; then every node is told to stop: datasets waiting for more data end,
+        for the driver. A busy main that never checks ``ctx.should_stop`` is waited for however
+        long it runs (a pull-mode training run goes to its end; the log says every minute what
+        shutdown waits for, and Ctrl-C stops the nodes at once); one that polls the flag is
+        told to stop once ``timeout`` runs out. Then every node is told to stop: datasets
+        waiting for more data end,
         ``ctx.serve`` returns, and a main that still runs after ``stop_grace`` seconds is ended
         with its process (a parameter server's ``server.join()``, say).
 
@@ -213,7 +217,13 @@ class Cluster:
         failure = self._node_failure()
         deadline = time.monotonic() + timeout
         if failure is None and drain:
-            self._drain(deadline)
+            try:
+                self._drain(deadline)
+            except BaseException:  # Ctrl-C while waiting for busy mains: stop them now
+                self._stop_nodes(10.0)
+                self._state = "stopped"
+                self._feeder.close()
+                raise
             failure = self._node_failure()
         unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0))
         self._state = "stopped"
@@ -318,12 +328,15 @@ class Cluster:
 
         A main is left alone while it is busy (training on pushed epochs, reading files in
         pull mode, saving a model); it is stopped once it only waits for the driver (blocked on
-        the next epoch, or serving inference) or has returned. ``train`` then ``shutdown``
-        therefore never drops pushed rows, and pull-mode training is not cut short.
+        the next epoch, serving inference, ``ctx.wait_stop``) or has returned. ``train`` then
+        ``shutdown`` therefore never drops pushed rows, and pull-mode training is not cut
+        short. Only mains that poll ``ctx.should_stop`` (they expect to be told) are stopped
+        busy, once ``deadline`` has passed.
         """
-        busy: list[int] = []
-        while time.monotonic() < deadline:
-            busy = []
+        next_note = deadline
+        while True:
+            busy: list[int] = []
+            polling: list[int] = []
             for n in self._live_workers():
                 try:
                     m = self._node_action(n, "metrics", {}, timeout=5.0)
@@ -331,13 +344,26 @@ class Cluster:
                     return
                 if m.get("main") == "running" and not m.get("idle"):
                     busy.append(n.node_id)
+                    if m.get("checks_should_stop"):
+                        polling.append(n.node_id)
             if not busy or self._node_failure() is not None:
                 return
+            now = time.monotonic()
+            if now >= deadline and len(polling) == len(busy):
+                logger.warning(
+                    "shutdown: node(s) %s were still running main when the timeout ran out; "
+                    "stopping them (their main polls ctx.should_stop; ctx.wait_stop() tells the "
+                    "driver a main only waits)", busy,
+                )
+                return
+            if now >= next_note:
+                logger.warning(
+                    "shutdown: waiting for node(s) %s, whose main is still running (training in "
+                    "pull mode, saving a model...); it is left to finish. Ctrl-C stops the nodes "
+                    "now.", sorted(set(busy) - set(polling)),
+                )
+                next_note = now + 60.0
             time.sleep(0.25)
-        logger.warning(
-            "shutdown: node(s) %s were still running main when the timeout ran out; stopping "
-            "them anyway", busy,
-        )
 
     def _stop_nodes(self, timeout: float) -> set[int]:
         """Tell every node to stop and wait for them; returns the ids that could not be told."""

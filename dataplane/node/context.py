@@ -72,9 +72,11 @@ class NodeContext:
         """True once the driver asked the cluster to shut down.
 
         To wait for that, call :meth:`wait_stop`: ``cluster.shutdown()`` lets a main that is
-        still busy finish first (up to its timeout), and a loop that sleeps and polls this flag
-        looks busy; ``wait_stop`` tells the driver this main only waits.
+        still busy finish first, and a loop that sleeps and polls this flag looks busy (it is
+        told to stop once shutdown's ``timeout`` runs out); ``wait_stop`` tells the driver this
+        main only waits, so it is stopped at once.
         """
+        self._buffer.metrics["checks_should_stop"] = True  # cluster.shutdown may tell it to stop
         return self._stop.is_set()
 
     def wait_stop(self, timeout: float | None = None) -> bool:
