@@ -109,14 +109,16 @@ def slow_reader_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
 
 def steady_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
-    """A model slower than the test's feed_timeout per epoch (``delay`` s a batch of 16 rows)
-    that keeps reading: one pass, its rows recorded; then it reads nothing until stopped."""
+    """A warm-up pass, then a pass slower than the test's feed_timeout (``delay`` s a batch of
+    16 rows) that keeps reading, each pass's rows recorded; then it reads nothing until stopped."""
     ds = ctx.dataset(16)
-    rows = 0
-    for b in ds:
-        rows += int(b["id"].shape[0])
-        time.sleep(args["delay"])
-    _write(os.path.join(args["dir"], f"steady{ctx.node_id}.json"), {"rows": rows})
+    for n in range(2):
+        rows = 0
+        for b in ds:
+            rows += int(b["id"].shape[0])
+            if n:
+                time.sleep(args["delay"])
+        _write(os.path.join(args["dir"], f"steady{ctx.node_id}-pass{n}.json"), {"rows": rows})
     while not ctx.should_stop:
         time.sleep(0.1)
 

@@ -299,21 +299,24 @@ def test_inference_output_computed_after_shutdown_says_it_is_lazy(spark):
 
 
 def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tmp_path):
-    # feed_timeout=3: an epoch that takes 7 s to train on, rows moving all the while, must
+    # feed_timeout=3: an epoch that takes 7.5 s to train on, rows moving all the while, must
     # finish (a real run trains for hours under the default 600 s); a node that then stops
     # reading fails the next train about 3 s after the last row moved
-    cluster = dataplane.run(spark, steady_main, {"dir": str(tmp_path), "delay": 0.04}, num_nodes=1,
+    # (a take empties the 64 KiB buffer, ~1,400 rows, 1.8 s of training: well within 3 s)
+    cluster = dataplane.run(spark, steady_main, {"dir": str(tmp_path), "delay": 0.02}, num_nodes=1,
                             buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024)
     try:
-        report = cluster.train(make_df(spark, 3000, 2), num_epochs=1, feed_timeout=3)
-        assert report.rows == 3000 and report.seconds > 6, report
-        assert wait_json(tmp_path / "steady0.json") == {"rows": 3000}
+        # warm-up: the node's first pass waits for TensorFlow to build its pipeline
+        assert cluster.train(make_df(spark, 100, 2), num_epochs=1, feed_timeout=60).rows == 100
+        report = cluster.train(make_df(spark, 6000, 2), num_epochs=1, feed_timeout=3)
+        assert report.rows == 6000 and report.seconds > 6, report
+        assert wait_json(tmp_path / "steady0-pass1.json") == {"rows": 6000}
         t0 = time.monotonic()
         with pytest.raises(dataplane.FeedError) as info:
             cluster.train(make_df(spark, 3000, 2), num_epochs=1, feed_timeout=3)
         assert 3 <= time.monotonic() - t0 < 30
         text = str(info.value)
-        assert "pushing epoch 1: no row moved into or out of any node for feed_timeout=3 s" in text, text
+        assert "pushing epoch 2: no row moved into or out of any node for feed_timeout=3 s" in text, text
         assert "Node(s) [0] read none of it while their main still runs" in text, text
     finally:
-        cluster.shutdown(timeout=20)
+        cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
