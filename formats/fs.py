@@ -26,7 +26,36 @@ __all__ = [
     "hdfs_filesystem",
     "hdfs_problems",
     "storage_error",
+    "listing_root",
 ]
+
+_GLOB_CHARS = ("*", "?", "[")
+
+
+def _glob_root(path: str) -> str | None:
+    """The directory above the first component of ``path`` holding a glob character, if any."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if any(c in part for c in _GLOB_CHARS):
+            return "/".join(parts[:i]) or "/"
+    return None
+
+
+def listing_root(loc: "Location") -> str:
+    """The directory a location's files are listed under: its path, or for a glob pattern
+    (``data/day=*/part-*.parquet``) the directory above the first wildcard. Hive-style
+    ``key=value`` directories count from here."""
+    return _glob_root(loc.path) or loc.path
+
+
+def _matches(path: str, pattern: list[str]) -> bool:
+    """``path`` is matched by the glob ``pattern`` (split on ``/``) or lies below a match."""
+    import fnmatch
+
+    parts = path.split("/")
+    return len(parts) >= len(pattern) and all(
+        fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pattern)
+    )
 
 _HIDDEN_PREFIXES = ("_", ".")
 
@@ -201,8 +230,10 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
             f"{path_or_url!r}."
         )
     url = path_or_url
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower() if "://" in url else ""
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    # not urlsplit's path: '?' and '#' are glob or name characters here, not a query
+    netloc, _, rest = url.split("://", 1)[1].partition("/") if scheme else ("", "", "")
+    url_path = "/" + rest
     if filesystem is not None:
         from pyarrow import fs
 
@@ -215,15 +246,15 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
     if scheme in ("", "file"):
         from pyarrow import fs
 
-        path = parts.path if scheme == "file" else url
+        path = url_path if scheme == "file" else url
         return Location(fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path)), url, "file")
     if scheme in ("s3", "s3a"):
-        if not parts.netloc:
+        if not netloc:
             raise StorageError(f"{url!r} names no bucket; write it as s3://bucket/prefix.")
-        path = f"{parts.netloc}{parts.path}".rstrip("/")
+        path = f"{netloc}{url_path}".rstrip("/")
         return Location(s3_filesystem(), path, url, "s3")
     if scheme in ("hdfs", "viewfs"):
-        return Location(hdfs_filesystem(url), parts.path.rstrip("/") or "/", url, "hdfs")
+        return Location(hdfs_filesystem(url), url_path.rstrip("/") or "/", url, "hdfs")
     raise StorageError(
         f"unsupported URL scheme {scheme!r} in {url!r}; use a local path, file://, s3:// or "
         f"hdfs://, or pass filesystem= (a pyarrow.fs or fsspec filesystem)."
@@ -256,7 +287,9 @@ def list_files(
     suffixes: Sequence[str] | None = None,
     accept: Callable[[str], bool] | None = None,
 ) -> list[str]:
-    """Data files under a location, sorted: the file itself, or every file below a directory.
+    """Data files under a location, sorted: the file itself, or every file below a directory,
+    or every file a glob pattern matches (``*``, ``?``, ``[...]`` within one path component, as
+    Spark and ``tf.io.gfile.glob`` read them; files below a matching directory count).
 
     Hidden and marker files (names starting with ``_`` or ``.``, such as ``_SUCCESS`` or
     ``.part.crc``) are skipped. ``suffixes`` keeps only names ending in one of them; ``accept``
@@ -272,21 +305,32 @@ def list_files(
         info = loc.filesystem.get_file_info(loc.path)
     except OSError as exc:
         raise storage_error(exc, "read", loc.url) from exc
+    root = _glob_root(loc.path) if info.type == fs.FileType.NotFound else None
+    if root is not None:
+        try:
+            info = loc.filesystem.get_file_info(root)
+        except OSError as exc:
+            raise storage_error(exc, "read", loc.url) from exc
     if info.type == fs.FileType.NotFound:
         raise StorageError(
-            f"{loc.url} does not exist (looked for {loc.path!r} on {loc.filesystem.type_name}); "
-            f"check the path, and for s3:// the bucket, key and AWS_ENDPOINT_URL."
+            f"{loc.url} does not exist (looked for {root or loc.path!r} on "
+            f"{loc.filesystem.type_name}); check the path, and for s3:// the bucket, key and "
+            f"AWS_ENDPOINT_URL."
         )
     if info.type == fs.FileType.File:
         return [loc.path]
+    base = root or loc.path
     try:
-        infos = loc.filesystem.get_file_info(fs.FileSelector(loc.path, recursive=True))
+        infos = loc.filesystem.get_file_info(fs.FileSelector(base, recursive=True))
     except OSError as exc:
         raise storage_error(exc, "list", loc.url) from exc
-    prefix = loc.path.rstrip("/") + "/"
+    prefix = base.rstrip("/") + "/"
+    pattern = loc.path.split("/") if root is not None else None
     files = []
     for entry in infos:
         if entry.type != fs.FileType.File:
+            continue
+        if pattern is not None and not _matches(entry.path, pattern):
             continue
         rel = entry.path[len(prefix):] if entry.path.startswith(prefix) else entry.base_name
         if any(part.startswith(_HIDDEN_PREFIXES) for part in rel.split("/")):
@@ -298,8 +342,9 @@ def list_files(
         files.append(entry.path)
     if not files:
         wanted = f" ending in {', '.join(suffixes)}" if suffixes else ""
+        what = "matches no data file" if pattern is not None else "is a directory with no data files"
         raise StorageError(
-            f"{loc.url} is a directory with no data files{wanted} (hidden and _-prefixed files "
-            f"are skipped); check the path."
+            f"{loc.url} {what}{wanted} (hidden and _-prefixed files are skipped); check the "
+            f"path."
         )
     return sorted(files)

@@ -34,8 +34,9 @@ def parquet_dataset(
     """A ``tf.data.Dataset`` of batches read from Parquet files with pyarrow.
 
     Args:
-        path_or_url: a Parquet file or a directory of them: local path, ``file://``, ``s3://``
-            (endpoint and keys from the AWS variables, or ``filesystem=``) or ``hdfs://``.
+        path_or_url: a Parquet file, a directory of them, or a glob pattern
+            (``data/day=*/part-*.parquet``): local path, ``file://``, ``s3://`` (endpoint and
+            keys from the AWS variables, or ``filesystem=``) or ``hdfs://``.
             Files whose names start with ``_`` or ``.`` are skipped. Hive-style ``key=value``
             directories (``df.write.partitionBy("day")``) become columns after the files' own:
             ``int64`` when every value is an integer, ``float64`` when every value is a number,

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from feeders.shard import normalize_shard, take_shard
 from formats.errors import SchemaError, StorageError
-from formats.fs import Location, list_files, resolve, storage_error
+from formats.fs import Location, list_files, listing_root, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
 from formats.schema import ColumnSpec
 
@@ -188,7 +188,7 @@ def plan_parquet(
     schema = plain_schema(metas[0].schema.to_arrow_schema())
     names = list(columns) if columns is not None else list(schema.names)
     _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
-    hive = hive_columns(files, loc.path, schema.names, display=loc.display)
+    hive = hive_columns(files, listing_root(loc), schema.names, display=loc.display)
 
     units: list[tuple[str, list[int] | None]]
     if shard_t is None:

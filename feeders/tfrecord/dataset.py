@@ -84,8 +84,8 @@ def tfrecord_dataset(
     """A ``tf.data.Dataset`` of batches parsed from ``tf.train.Example`` TFRecord files.
 
     Args:
-        path_or_url: a TFRecord file or a directory of them (local, ``file://``, ``s3://``,
-            ``hdfs://``). Names starting with ``_`` or ``.``, and ``.json``/``.crc`` files,
+        path_or_url: a TFRecord file, a directory of them or a glob pattern
+            (``data/part-*``), local, ``file://``, ``s3://`` or ``hdfs://``. Names starting with ``_`` or ``.``, and ``.json``/``.crc`` files,
             are skipped.
         schema: the columns: a ``pyarrow.Schema``, a list of ``formats.ColumnSpec`` or a
             ``TFRecordSchema``. Default: the ``_tf_schema.json`` beside the data, else

@@ -1,8 +1,10 @@
-"""A data set Spark wrote with ``df.write.partitionBy(...)`` read back by the pull readers.
+"""A data set Spark wrote with ``df.write.partitionBy(...)`` read back by the pull readers,
+whole or through glob patterns.
 
 Spark leaves the partition columns out of the files and puts their values in ``key=value``
 directory names (escaped: ``c/1`` is ``cat=c%2F1``; a null is ``__HIVE_DEFAULT_PARTITION__``).
-Every reader must give them back as columns, each row with its own file's value.
+Every reader must give them back as columns, each row with its own file's value. Patterns such
+as ``data/day=[01]/*`` pick files as Spark and ``tf.io.gfile.glob`` do.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import feeders
-from dataplane.errors import SchemaError, StackError
+from dataplane.errors import SchemaError, StackError, StorageError
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning:petastorm")
 
@@ -123,3 +125,36 @@ def test_adapters_on_partitioned_data(parted):
     ds = feeders.petastorm_dataset("file://" + parted, batch_size=64, columns=["id", "day", "x"],
                                    shapes={"x": (2,)})
     _check(_rows(ds), np.arange(ROWS))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "days"),
+    [("day=*", {0, 1, 2}), ("day=[01]", {0, 1}), ("day=?/cat=c%2F1/part-*", {0, 1, 2}),
+     ("day=2/*/*.parquet", {2})],
+)
+def test_glob_patterns_pick_files_and_keep_the_partition_columns(parted, pattern, days):
+    got = _rows(feeders.parquet_dataset(f"{parted}/{pattern}", batch_size=64, shapes={"x": (2,)},
+                                        fill_values={"cat": "none"}))
+    want = np.array([i for i in range(ROWS) if i % 3 in days
+                     and ("cat=c%2F1" not in pattern or _cat(i) == "c/1")])
+    if "day=2/" in pattern:  # below the first wildcard only: day is not a column then
+        assert "day" not in got and "cat" in got
+    _check(got, want)
+
+
+def test_a_pattern_that_matches_nothing_says_so(parted):
+    with pytest.raises(StorageError, match=r"day=9\* matches no data file"):
+        feeders.parquet_dataset(f"file://{parted}/day=9*", batch_size=64)
+    with pytest.raises(StorageError, match=r"does not exist \(looked for '.*/nowhere'"):
+        feeders.parquet_dataset(f"{parted}/../nowhere/*.parquet", batch_size=64)
+
+
+@pytest.mark.s3
+def test_glob_on_s3(parted, s3_env):
+    from pathlib import Path
+
+    bucket = s3_env.make_bucket()
+    s3_env.upload_dir(Path(parted), bucket, "parted")
+    ds = feeders.parquet_dataset(f"s3://{bucket}/parted/day=[12]/cat=c%2F?", batch_size=64,
+                                 shapes={"x": (2,)})
+    _check(_rows(ds), np.array([i for i in range(ROWS) if i % 3 in (1, 2) and _cat(i)]))
