@@ -165,6 +165,7 @@ class Cluster:
             passthrough: input columns copied to the output (keys to join on).
             columns: input columns sent to predict (default: all).
             output_schema: predict's output columns; default: learned from a 4-row probe.
+                Required for a streaming ``df``, whose result is then a stream too.
             feed_timeout: per-call deadline for the node's answers.
             max_rows: rows per request batch.
         """

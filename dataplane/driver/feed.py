@@ -184,6 +184,13 @@ class Feeder:
             from formats.sparkframe import not_a_spark_frame
 
             raise TypeError(f"{what} needs a Spark DataFrame, got {not_a_spark_frame(df)}")
+        if getattr(df, "isStreaming", False):
+            raise TypeError(
+                f"{what} got a streaming DataFrame (spark.readStream), which has no end to push "
+                f"as epochs; train on each micro-batch instead: "
+                f"dataplane.workloads.streaming.feed_stream(cluster, df) (or "
+                f"df.writeStream.foreachBatch(lambda batch, _: cluster.train(batch, 1)))."
+            )
         df = self._jobs.as_pushed(df)  # vectors as arrays, at most a few tasks per slot
         schema = arrow_schema_of(df)
         if len(schema) == 0:

@@ -38,6 +38,13 @@ def inference(
 
     if not (hasattr(df, "mapInArrow") and hasattr(df, "schema")):
         raise TypeError(f"inference() needs a Spark DataFrame, got {not_a_spark_frame(df)}")
+    if getattr(df, "isStreaming", False) and output_schema is None:
+        raise ValueError(
+            "inference() got a streaming DataFrame: predict's output columns cannot be learned "
+            "from a probe batch of a stream. Pass them, e.g. output_schema=pa.schema([('y', "
+            "pa.float32())]); the result is then a streaming DataFrame too (start it with "
+            "writeStream)."
+        )
     df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     in_schema = arrow_schema_of(df)
     passthrough = list(passthrough)

@@ -73,3 +73,34 @@ def test_rate_stream_stopped_midway_ends_cleanly(spark, tmp_path):
 def test_static_dataframe_is_refused(spark):
     with pytest.raises(ValueError, match="not a streaming DataFrame"):
         feed_stream(object(), spark.range(3))
+
+
+def test_a_stream_given_to_train_or_inference(spark, tmp_path):
+    """inference() on a stream answers as a stream when told its output columns; train() on a
+    stream is pointed at feed_stream (both failed with Spark's 'must be executed with
+    writeStream.start()')."""
+    from tests.dataplane.mains import slow_serve_main
+
+    stream = (spark.readStream.format("rate").option("rowsPerSecond", 100)
+              .option("numPartitions", 2).load().selectExpr("value", "cast(value as double) as x"))
+    with dataplane.run(spark, slow_serve_main, {"delay": 0.0}, num_nodes=1) as cluster:
+        with pytest.raises(TypeError, match=r"train\(\) got a streaming DataFrame .*feed_stream\(cluster, df\)"):
+            cluster.train(stream, 1)
+        with pytest.raises(ValueError, match=r"streaming DataFrame: .*output_schema=pa\.schema"):
+            cluster.inference(stream, passthrough=("value",))
+        out = cluster.inference(stream, passthrough=("value",), output_schema=pa.schema([("y", pa.float64())]))
+        assert out.isStreaming
+        query = (out.writeStream.format("memory").queryName("streamed_preds")
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and spark.sql("select count(*) c from streamed_preds").first()["c"] < 200:
+                time.sleep(0.5)
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        rows = spark.sql("select value, y from streamed_preds").collect()
+    values = [r["value"] for r in rows]
+    assert len(values) >= 200 and len(set(values)) == len(values)  # each streamed row once
+    assert sorted(values) == list(range(len(values)))  # the rate source's first rows, none lost
+    assert all(r["y"] == 2.0 * r["value"] for r in rows)
