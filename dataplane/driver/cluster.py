@@ -157,8 +157,9 @@ class Cluster:
 
         Returns a (lazy) DataFrame with the ``passthrough`` columns and predict's outputs, one
         output row per input row. Every action on it runs the inference again, so write it (or
-        cache and count it) before the cluster shuts down; after that its tasks fail. Each partition goes to one serving node over ``do_exchange``;
-        answers come back on the same stream, matched by sequence number.
+        cache and count it) before the cluster shuts down; after that its tasks fail. Each
+        partition goes to one serving node over ``do_exchange``; answers come back on the same
+        stream, matched by sequence number.
 
         Args:
             df: input rows.
@@ -197,9 +198,9 @@ class Cluster:
         long it runs (a pull-mode training run goes to its end; the log says every minute what
         shutdown waits for, and Ctrl-C stops the nodes at once); one that polls the flag is
         told to stop once ``timeout`` runs out. Then every node is told to stop: datasets
-        waiting for more data end,
-        ``ctx.serve`` returns, and a main that still runs after ``stop_grace`` seconds is ended
-        with its process (a parameter server's ``server.join()``, say).
+        waiting for more data end, ``ctx.serve`` returns, and a main that still runs after
+        ``stop_grace`` seconds is ended with its process (a parameter server's
+        ``server.join()``, say).
 
         ``drain=False`` skips the first step: the nodes are told to stop at once. Leaving a
         ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since
