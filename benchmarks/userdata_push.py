@@ -46,19 +46,27 @@ class _ReadParquetFiles:
     included): the executors' Python may have started before the AWS variables were set.
     """
 
-    def __init__(self, filesystem: Any, files: list[str], columns: list[str]) -> None:
+    def __init__(self, filesystem: Any, files: list[str], columns: list[str], hive: Any) -> None:
         self.filesystem = filesystem
         self.files = files
         self.columns = columns
+        self.hive = hive  # formats.hive.HiveColumns: columns kept in key=value directory names
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
+        from formats.hive import add_constant_columns
+
         fs = self.filesystem
+        in_files = [c for c in self.columns if c not in self.hive.names]
         for b in batches:
             for i in b.column(0).to_pylist():
-                with fs.open_input_file(self.files[i]) as f:
-                    yield from pq.ParquetFile(f).iter_batches(batch_size=8192, columns=self.columns)
+                path = self.files[i]
+                with fs.open_input_file(path) as f:
+                    for batch in pq.ParquetFile(f).iter_batches(batch_size=8192, columns=in_files):
+                        if self.hive:
+                            batch = add_constant_columns(batch, self.hive.values[path], self.columns)
+                        yield batch
 
 
 def read_frame(spark: Any, d: Any) -> Any:
@@ -66,14 +74,22 @@ def read_frame(spark: Any, d: Any) -> Any:
     cols = d.columns
     if d.format == "parquet":
         if d.location.scheme in ("file", "hdfs"):
+            from formats.fs import listing_root
+
             url = d.spec.url if "://" in d.spec.url else "file://" + str(d.location.path)
-            df = spark.read.parquet(url)
+            reader = spark.read
+            root = listing_root(d.location)
+            if root != d.location.path:  # a glob: partition keys count from above it, as ours
+                scheme, rest = url.split("://", 1)
+                netloc = rest.split("/", 1)[0] if d.location.scheme == "hdfs" else ""
+                reader = reader.option("basePath", f"{scheme}://{netloc}{root}")
+            df = reader.parquet(url)
         else:
             from pyspark.sql.pandas.types import from_arrow_schema
 
             schema = pa.schema([d.plan.schema.field(c) for c in cols])
             ids = spark.range(0, len(d.files), 1, numPartitions=len(d.files))
-            df = ids.mapInArrow(_ReadParquetFiles(d.location.filesystem, list(d.files), cols), from_arrow_schema(schema))
+            df = ids.mapInArrow(_ReadParquetFiles(d.location.filesystem, list(d.files), cols, d.plan.hive), from_arrow_schema(schema))
     else:
         import formats
 

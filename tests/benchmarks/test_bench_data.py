@@ -205,6 +205,31 @@ def test_push_reads_s3_parquet_with_spark_tasks(s3, spark, monkeypatch):
         df.unpersist()
 
 
+@pytest.mark.s3
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_push_reads_partitioned_parquet_through_a_glob(s3, spark, tmp_path, monkeypatch):
+    """``bench push --data 'dir/day=*'`` on data written with partitionBy: the frame has the
+    ``day`` column with each row's value, locally (Spark's reader, told the base path) and on
+    S3 (our tasks reading the files)."""
+    from benchmarks.userdata_push import read_frame
+
+    out = tmp_path / "parted"
+    spark.range(0, 90, 1, 2).selectExpr("id", "id % 3 as day").write.partitionBy("day").parquet(str(out))
+    server, _ = s3
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = server.make_bucket()
+    remote = server.upload_dir(out, bucket, "parted")
+    for url in (f"{out}/day=*", f"{remote}/day=[0-2]"):
+        described = userdata.describe(userdata.DataSpec(url, columns=["id", "day"]), "push")
+        df = read_frame(spark, described)
+        try:
+            assert df.columns == ["id", "day"], url
+            assert sorted((r.id, r.day) for r in df.collect()) == [(i, i % 3) for i in range(90)], url
+        finally:
+            df.unpersist()
+
+
 # ---------------------------------------------------------------- errors: one line, exit 2
 
 
