@@ -42,7 +42,7 @@ import pyarrow as pa
 from formats.errors import SchemaError
 from formats.example_decode import decode_examples, infer_specs
 from formats.features import feature_kind, ragged_dims, row_lengths_key
-from formats.schema import ColumnSpec, column_array
+from formats.schema import ColumnSpec, column_array, list_offsets
 from formats.wire import binary, binary_parts, header, join, varint_bytes, varint_sizes, varints
 
 __all__ = [
@@ -84,7 +84,7 @@ def _list_level(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
         k = arr.type.list_size
         values = arr.values.slice(arr.offset * k, len(arr) * k)
         return values, np.arange(len(arr) + 1, dtype=np.int64) * k
-    offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+    offsets = list_offsets(arr)
     values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     return values, offsets - offsets[0]
 

@@ -48,6 +48,7 @@ __all__ = [
     "RaggedColumn",
     "column_specs",
     "column_array",
+    "list_offsets",
     "check_fill_value",
     "mapping_arg",
     "flatten_struct_fields",
@@ -377,13 +378,24 @@ def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec, *, elements: bool =
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=spec.dtype)
 
 
+def list_offsets(arr: pa.Array) -> np.ndarray:
+    """A list array's offsets as int64 (``len(arr) + 1`` of them, not rebased).
+
+    An empty list array from Spark 3.5's JVM has no offsets buffer at all, and pyarrow 14 then
+    reads one value of garbage; its offsets are ``[0]``.
+    """
+    if len(arr) == 0:
+        return np.zeros(1, dtype=np.int64)
+    return np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+
+
 def _list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Child values and row splits (rebased to 0) of a list or fixed_size_list array."""
     if pa.types.is_fixed_size_list(arr.type):
         n = arr.type.list_size
         values = arr.flatten()
         return values, np.arange(len(arr) + 1, dtype=np.int64) * n
-    offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+    offsets = list_offsets(arr)
     values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
     return values, offsets - offsets[0]
 

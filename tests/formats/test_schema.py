@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from dataplane.errors import SchemaError, StorageError
-from formats.schema import ColumnSpec, column_specs
+from formats.schema import ColumnSpec, column_specs, to_numpy
 from formats.schemafile import TFRecordSchema, find_schema_file, read_schema_file, write_schema_file
 
 
@@ -87,3 +87,20 @@ def test_schema_file_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text('{"format": "csv"}')
     with pytest.raises(SchemaError, match="not a valid TFRecord schema file"):
         read_schema_file(tmp_path / "bad.json")
+
+
+def test_an_empty_list_level_without_an_offsets_buffer():
+    # Spark 3.5's JVM sends an inner list level with no lists in it (every row's outer list
+    # empty) without an offsets buffer; pyarrow 14 then reads garbage offsets from it.
+    from formats.example import decode_examples, encode_examples
+
+    child = pa.array([], pa.int64())
+    inner = pa.Array.from_buffers(pa.list_(pa.int64()), 0, [None, None], children=[child])
+    outer = pa.Array.from_buffers(
+        pa.list_(pa.list_(pa.int64())), 2, [None, pa.py_buffer(bytes(12))], children=[inner])
+    batch = pa.RecordBatch.from_arrays([outer], ["g"])
+    specs = column_specs(batch.schema)
+    got = to_numpy(batch, specs)["g"]
+    assert [s.tolist() for s in got.row_splits] == [[0, 0, 0], [0]]
+    assert got.values.size == 0
+    assert decode_examples(encode_examples(batch, specs), specs).column("g").to_pylist() == [[], []]
