@@ -1,7 +1,8 @@
 """The schema file written beside TFRecord output: ``_tf_schema.json``.
 
 It tells readers how to parse the records without guessing: per column the TF dtype, per-row
-shape (``null`` for ragged dimensions), ragged rank, the Example feature kind, the original Arrow
+shape (``null`` for ragged dimensions; a list column whose lists all had one length is written
+dense, see :mod:`formats.staging`), ragged rank, the Example feature kind, the original Arrow
 type (readable text plus the exact type in the serialized Arrow schema) and how many nulls were
 written (absent features, see the null rule in :mod:`formats.example`). With it,
 ``formats.read_tfrecords`` restores Spark types (``string`` vs ``binary``, timestamps, dates,

@@ -10,7 +10,10 @@ Every export job that writes TFRecords (:func:`formats.write_tfrecords`,
 3. ``collect()`` hands the driver exactly the stats rows of the attempts Spark counted as
    successful; :meth:`StagedOutput.commit` renames exactly those files to
    ``part-<partition>.tfrecord[.gz]``, deletes the staging area (failed, retried and speculative
-   attempts' files with it) and writes the schema file.
+   attempts' files with it) and writes the schema file. A list column whose lists had one
+   length at every level in every row (Spark's ``array<float>`` holding images, say) is
+   declared dense there: each task reports the shortest and longest list per level
+   (:func:`list_lengths`), so readers get ``[batch, 784]`` tensors instead of ragged ones.
 4. On any failure :meth:`StagedOutput.abort` deletes the staging area, and the output directory
    too when the job created it, so nothing partial is left behind.
 """
@@ -35,11 +38,14 @@ from formats.tfrecord import compression_suffix
 
 __all__ = [
     "ExportResult", "STATS_SCHEMA", "StagedOutput", "write_partition", "job_progress", "task_error",
+    "list_lengths", "dense_specs",
 ]
 
 logger = logging.getLogger(__name__)
 
-STATS_SCHEMA = "partition INT, attempt INT, file STRING, rows BIGINT, bytes BIGINT, nulls STRING"
+STATS_SCHEMA = (
+    "partition INT, attempt INT, file STRING, rows BIGINT, bytes BIGINT, nulls STRING, lengths STRING"
+)
 """The one row each writing task returns (Spark DDL)."""
 
 
@@ -97,6 +103,58 @@ def task_error(exc: BaseException) -> Exception | None:
 # executor side
 
 
+def list_lengths(arr: pa.Array, spec: ColumnSpec) -> list[list[int]] | None:
+    """``[shortest, longest]`` list per ragged level of ``spec`` over ``arr``'s non-null rows.
+
+    None when the column has no ragged level or no non-null row. Levels of a known size
+    (``fixed_size_list``) are walked through but not reported.
+    """
+    import pyarrow.compute as pc
+
+    if not spec.is_ragged or arr.null_count == len(arr):
+        return None
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    out = []
+    for dim in spec.shape:
+        if dim is None:
+            lo, hi = pc.min_max(pc.list_value_length(arr)).values()
+            if lo.as_py() is None:  # no list at this level: every one above it was empty
+                return out + [[0, 0]] * (sum(d is None for d in spec.shape) - len(out))
+            out.append([lo.as_py(), hi.as_py()])
+        arr = arr.flatten()
+    return out
+
+
+def _merge_lengths(a: list[list[int]] | None, b: list[list[int]] | None) -> list[list[int]] | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return [[min(x[0], y[0]), max(x[1], y[1])] for x, y in zip(a, b)]
+
+
+def dense_specs(specs: Sequence[ColumnSpec], lengths: dict[str, Any], nulls: dict[str, int]) -> list[ColumnSpec]:
+    """``specs`` with every list column whose lists had one length per level made dense.
+
+    A column with a null row stays ragged: a dense reader would need a fill value for it,
+    where the ragged one reads an empty row. So does a column with an empty list level.
+    """
+    from dataclasses import replace
+
+    out = []
+    for s in specs:
+        seen = lengths.get(s.name)
+        if (
+            s.is_ragged
+            and seen is not None
+            and not nulls.get(s.name, 0)
+            and all(lo == hi and lo > 0 for lo, hi in seen)
+        ):
+            it = iter(hi for _, hi in seen)
+            s = replace(s, shape=tuple(next(it) if d is None else d for d in s.shape), ragged_rank=0)
+        out.append(s)
+    return out
+
+
 def write_partition(
     batches: Iterator[tuple[pa.RecordBatch, str | None]],
     *,
@@ -128,6 +186,7 @@ def write_partition(
     name = f"{staging}/part-{pid:05d}-attempt-{attempt}-{tid}.tfrecord{compression_suffix(compression)}"
     rows = 0
     nulls = {s.name: 0 for s in specs}
+    lengths: dict[str, Any] = {}
     raw = stream = None
     try:
         for batch, source in batches:
@@ -138,7 +197,10 @@ def write_partition(
                 stream = open_compressed(raw, compression, mode="wb")
             try:
                 for s in specs:
-                    nulls[s.name] += column_array(batch, s.name).null_count
+                    arr = column_array(batch, s.name)
+                    nulls[s.name] += arr.null_count
+                    if s.is_ragged:
+                        lengths[s.name] = _merge_lengths(lengths.get(s.name), list_lengths(arr, s))
                 records = encode_example_array(batch, specs)
             except SchemaError as exc:
                 # The source file says where the bad rows are; without one, the partition does.
@@ -159,6 +221,7 @@ def write_partition(
             "rows": pa.array([rows], pa.int64()),
             "bytes": pa.array([size or 0], pa.int64()),
             "nulls": pa.array([json.dumps(nulls)], pa.string()),
+            "lengths": pa.array([json.dumps(lengths)], pa.string()),
         }
     )
 
@@ -263,11 +326,14 @@ class StagedOutput:
         _remove(fs, f"{root}/_temporary")
         rows = sum(r["rows"] for r in committed)
         nulls: dict[str, int] = {s.name: 0 for s in specs}
+        lengths: dict[str, Any] = {}
         for r in stats:
             for k, v in json.loads(r["nulls"]).items():
                 nulls[k] = nulls.get(k, 0) + int(v)
+            for k, v in json.loads(r["lengths"]).items():
+                lengths[k] = _merge_lengths(lengths.get(k), v)
         schema = TFRecordSchema(
-            specs=list(specs),
+            specs=dense_specs(specs, lengths, nulls),
             compression=compression,
             num_rows=rows,
             files=committed,

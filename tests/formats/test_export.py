@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import feeders
 import formats
 from dataplane.errors import SchemaError, StorageError
 from formats.schemafile import read_schema_file
@@ -141,3 +142,87 @@ def test_read_without_schema_file_infers(spark, tmp_path):
     assert [(f.name, f.dataType.simpleString()) for f in back.schema.fields] == [
         ("id", "bigint"), ("pair", "array<bigint>"), ("s", "string"), ("x", "float")]
     assert _rows(back)[7] == {"id": 7, "pair": [7, 7], "s": "7", "x": 3.5}
+
+
+def test_spark_arrays_of_one_length_read_back_dense_and_train_a_model(spark, tmp_path):
+    # Spark has no fixed-size array: images are array<float> (or nested arrays). Written from
+    # such a DataFrame, the files must read back as [batch, ...] tensors a Keras model takes,
+    # not as ragged tensors it refuses.
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(3)
+    images = rng.random((120, 4, 4, 2), dtype=np.float32)
+    rows = [(i, images[i].reshape(-1).tolist(), images[i].tolist(), ["a", str(i)], i % 2)
+            for i in range(120)]
+    df = spark.createDataFrame(
+        rows, "id long, flat array<float>, grid array<array<array<float>>>, tags array<string>, "
+              "label int").repartition(3)
+    out = str(tmp_path / "tfr")
+    formats.write_tfrecords(df, out)
+    cols = {s.name: s for s in read_schema_file(out).specs}
+    assert [(cols[c].shape, cols[c].ragged_rank) for c in ("flat", "grid", "tags")] == [
+        ((32,), 0), ((4, 4, 2), 0), ((2,), 0)]
+
+    ds = feeders.tfrecord_dataset(out, batch_size=40)
+    assert ds.element_spec["grid"] == tf.TensorSpec([None, 4, 4, 2], tf.float32)
+    got = {k: np.concatenate([b[k].numpy() for b in ds]) for k in ("id", "flat", "grid", "tags")}
+    order = np.argsort(got["id"])
+    assert np.array_equal(got["flat"][order], images.reshape(120, -1))
+    assert np.array_equal(got["grid"][order], images)
+    assert got["tags"][order][7].tolist() == [b"a", b"7"]
+
+    model = tf.keras.Sequential([tf.keras.Input((4, 4, 2)), tf.keras.layers.Conv2D(2, 2),
+                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    train = feeders.tfrecord_dataset(out, batch_size=40, label="label").map(
+        lambda x, y: (x["grid"], tf.cast(y, tf.float32)))
+    hist = model.fit(train, epochs=1, verbose=0)
+    assert np.isfinite(hist.history["loss"][0])
+
+    back = formats.read_tfrecords(spark, out)  # the Spark types come back as they were
+    assert back.schema == df.schema
+    assert _rows(back)[7] == df.where("id = 7").collect()[0].asDict(recursive=True)
+
+
+def test_list_columns_that_vary_stay_ragged(spark, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    # Each task sees one length, but the tasks differ: only the job as a whole can tell.
+    rows = [(i, [float(i)] * (3 if i < 40 else 4), [i] if i != 9 else None, [[i]] if i >= 40 else [])
+            for i in range(80)]
+    df = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, 2),
+        "id long, split array<float>, nulls array<long>, inner array<array<long>>")
+    out = str(tmp_path / "tfr")
+    formats.write_tfrecords(df, out)
+    cols = {s.name: s for s in read_schema_file(out).specs}
+    assert {c: (cols[c].shape, cols[c].ragged_rank) for c in ("split", "nulls", "inner")} == {
+        "split": ((None,), 1),  # 3 in one task, 4 in the other
+        "nulls": ((None,), 1),  # a null row: a dense reader would need a fill value
+        "inner": ((None, None), 2),  # one task's outer lists are all empty
+    }
+    ds = feeders.tfrecord_dataset(out, batch_size=80)
+    assert isinstance(ds.element_spec["split"], tf.RaggedTensorSpec)
+    b = next(iter(ds))
+    order = np.argsort(b["id"].numpy())
+    split = b["split"].to_list()
+    assert [len(split[i]) for i in order[[0, 39, 40, 79]]] == [3, 3, 4, 4]
+    assert _rows(formats.read_tfrecords(spark, out))[9]["nulls"] is None
+
+
+def test_list_lengths_per_level():
+    import pyarrow as pa
+
+    from formats.schema import column_specs
+    from formats.staging import dense_specs, list_lengths
+
+    t = pa.table({"g": pa.array([[[1, 2], [3, 4]], None, [[5, 6], [7, 8]]], pa.list_(pa.list_(pa.int64()))),
+                  "e": pa.array([[], []], pa.list_(pa.list_(pa.int64()))).slice(0, 2).take([0, 1, 0]),
+                  "f": pa.array([[1, 2]] * 3, pa.list_(pa.int64(), 2))})
+    specs = {s.name: s for s in column_specs(t.schema)}
+    assert list_lengths(t.column("g").chunk(0).slice(1), specs["g"]) == [[2, 2], [2, 2]]
+    assert list_lengths(t.column("e").chunk(0), specs["e"]) == [[0, 0], [0, 0]]
+    assert list_lengths(t.column("f").chunk(0), specs["f"]) is None  # already dense
+    assert list_lengths(pa.array([None], pa.list_(pa.list_(pa.int64()))), specs["g"]) is None
+    dense = dense_specs(list(specs.values()), {"g": [[2, 2], [2, 2]], "e": [[0, 0], [0, 0]]}, {})
+    assert [(s.name, s.shape, s.ragged_rank) for s in dense] == [
+        ("g", (2, 2), 0), ("e", (None, None), 2), ("f", (2,), 0)]
+    assert dense_specs([specs["g"]], {"g": [[2, 2], [2, 2]]}, {"g": 1})[0].shape == (None, None)
