@@ -40,14 +40,37 @@ __all__ = [
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
 
 
-def error_summary(text: str) -> str:
-    """The most telling line of a traceback: the last 'SomeError: message' line (TF wraps the
-    Python error of a tf.data generator inside its own error text), else the last line."""
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    for ln in reversed(lines):
+def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> str:
+    """The most telling part of a traceback: the last 'SomeError: message' (TF wraps the Python
+    error of a tf.data generator inside its own error text), else the last line.
+
+    A message that goes on over more lines (Keras says which layer failed on the first line and
+    why on the next ones) keeps them, up to ``max_lines`` lines and ``max_chars`` characters.
+    """
+    lines = [ln.rstrip() for ln in str(text).strip().splitlines() if ln.strip()]
+    first = None
+    for i in reversed(range(len(lines))):
+        ln = lines[i].strip()
         if _EXC_LINE.match(ln) and not ln.startswith(("tensorflow.python.framework.errors_impl",)):
-            return ln
-    for ln in reversed(lines):
-        if _EXC_LINE.match(ln):
-            return ln
-    return lines[-1] if lines else ""
+            first = i
+            break
+    if first is None:
+        for i in reversed(range(len(lines))):
+            if _EXC_LINE.match(lines[i].strip()):
+                first = i
+                break
+    if first is None:
+        return lines[-1].strip() if lines else ""
+    out = [lines[first].strip()]
+    for ln in lines[first + 1:]:
+        if len(out) >= max_lines or ln.lstrip().startswith(_NOT_MESSAGE) or _EXC_LINE.match(ln.strip()):
+            break
+        out.append(ln)
+    summary = "\n".join(out)
+    return summary if len(summary) <= max_chars else summary[: max_chars - 3] + "..."
+
+
+# lines after an error's first line that are not its message: a chained traceback, TF's
+# op annotations
+_NOT_MESSAGE = ("Traceback (most recent call last)", 'File "', "During handling", "The above exception",
+                "[[", "\t[[", "Error in user-defined function")

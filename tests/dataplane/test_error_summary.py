@@ -1,0 +1,65 @@
+"""What NodeError says of a node's traceback (error_summary), on real tracebacks."""
+
+from __future__ import annotations
+
+import traceback
+
+from dataplane.errors import error_summary
+
+
+def _traceback_of(fn) -> str:  # type: ignore[no-untyped-def]
+    try:
+        fn()
+    except BaseException:  # noqa: BLE001
+        return traceback.format_exc()
+    raise AssertionError("did not raise")
+
+
+def test_a_message_over_several_lines_keeps_its_reason():
+    # Keras names the failing layer on the first line and says why on the next ones
+    def fit():
+        try:
+            {}["x"]
+        except KeyError:
+            raise ValueError(
+                "Exception encountered when calling layer 'dense' (type Dense).\n\n"
+                'Input 0 of layer "dense" is incompatible with the layer: expected axis -1 of '
+                "input shape to have value 4, but received input with shape (None, None)\n\n"
+                "Call arguments received by layer 'dense' (type Dense):\n"
+                "  • inputs=tf.Tensor(shape=(None, None), dtype=float32)"
+            ) from None
+
+    assert error_summary(_traceback_of(fit)).splitlines() == [
+        "ValueError: Exception encountered when calling layer 'dense' (type Dense).",
+        'Input 0 of layer "dense" is incompatible with the layer: expected axis -1 of input '
+        "shape to have value 4, but received input with shape (None, None)",
+        "Call arguments received by layer 'dense' (type Dense):",
+        "  • inputs=tf.Tensor(shape=(None, None), dtype=float32)",
+    ]
+
+
+def test_the_last_error_of_a_chain_and_no_traceback_lines():
+    def chained():
+        try:
+            raise KeyError("label")
+        except KeyError as e:
+            raise RuntimeError("could not build the batch") from e
+
+    assert error_summary(_traceback_of(chained)) == "RuntimeError: could not build the batch"
+
+
+def test_a_generator_error_inside_tensorflow_text():
+    import tensorflow as tf
+
+    def gen():
+        yield 1
+        raise KeyError("boom in the generator")
+
+    text = _traceback_of(lambda: list(tf.data.Dataset.from_generator(gen, output_types=tf.int32)))
+    assert error_summary(text) == "KeyError: 'boom in the generator'"
+
+
+def test_long_messages_are_cut():
+    text = _traceback_of(lambda: (_ for _ in ()).throw(ValueError("\n".join(["x" * 500] * 20))))
+    out = error_summary(text)
+    assert len(out.splitlines()) <= 8 and len(out) == 1500 and out.endswith("...")
