@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
 from dataplane.errors import ClusterStateError, NodeError, error_summary
-from dataplane.driver.feed import Feeder, FeedReport
+from dataplane.driver.feed import Feeder, FeedReport, add_data_notes
 from dataplane.driver.sparkjobs import SparkJob
 from dataplane.topology import NodeInfo, Topology
 
@@ -244,6 +244,7 @@ class Cluster:
                     failure = _lost(info.describe() if info else f"node {nid}", info, now - st.last_seen)
                     break
         if failure is not None:
+            add_data_notes(failure, self._feeder.data_notes)
             raise failure
 
     def __enter__(self) -> "Cluster":

@@ -98,6 +98,42 @@ class _Split:
     schema: pa.Schema
     schema_ipc: bytes
     shapes: dict[str, tuple[int, ...]]
+    rows: int | None = None  # counted by the shape scan; None when there was none
+
+
+def _empty_message(split: str) -> str:
+    what = "train(df)" if split == "train" else "train(validation=...)"
+    return (
+        f"the DataFrame given to {what} has no rows, so every worker's pass over it is empty; "
+        f"check the filters or joins that built it."
+    )
+
+
+def _too_few_message(ep: "_EpochBooks", pushed: int) -> str:
+    return (
+        f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} workers "
+        f"leave some worker none, so every worker yielded none (each yields the smallest "
+        f"worker's share); push at least one row per worker."
+    )
+
+
+def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> list[str]:
+    """Why a train() call's passes were empty, if they were: a DataFrame without rows, or
+    fewer rows than workers."""
+    notes = [_empty_message(sp.name) for sp in splits if sp.rows == 0]
+    for ep in books:
+        pushed = sum(ep.assigned.values())
+        if ep.limit == 0 and ep.assigned and not any(sp.name == ep.split and sp.rows == 0 for sp in splits):
+            notes.append(_empty_message(ep.split) if pushed == 0 else _too_few_message(ep, pushed))
+            break
+    return list(dict.fromkeys(notes))
+
+
+def add_data_notes(err: NodeError, notes: Sequence[str]) -> None:
+    """A main that failed on an empty pass rarely says so (Keras: a shape error, or "Empty
+    logs"): end ``err``'s message with what was wrong with the data."""
+    if notes and err.args and isinstance(err.args[0], str) and notes[0] not in err.args[0]:
+        err.args = (f"{err.args[0]}\nThe data may be why: {' '.join(notes)}",)
 
 
 @dataclass
@@ -147,6 +183,8 @@ class Feeder:
         self._epoch = 0
         self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
         self._pool: Any = None  # threads sending control actions to the nodes at once
+        # why the last train() call's passes were empty, if they were (see add_data_notes)
+        self.data_notes: list[str] = []
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
                               buffer_bytes=buffer_bytes, node_timeout=node_timeout, failure=failure)
 
@@ -201,8 +239,10 @@ class Feeder:
         from formats.schema import column_specs
 
         column_specs(schema)  # unsupported column types fail here, naming the column
-        shapes = self._jobs.shapes(df, schema)
-        return _Split(name, df, schema, schema.serialize().to_pybytes(), shapes)
+        scan = self._jobs.shapes(df, schema)
+        if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
+            logger.warning(_empty_message(name))
+        return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows)
 
     def train(
         self,
@@ -265,11 +305,17 @@ class Feeder:
         ]
         self._each(workers, Action.BEGIN_EPOCH, lambda n: {"epochs": begins})  # in order, at once
         try:
-            self._run_epochs(books, report, clock, progress, t0)
-        except BaseException:
-            self._abort(books)
+            try:
+                self._run_epochs(books, report, clock, progress, t0)
+            except BaseException:
+                self._abort(books)
+                raise
+            self._settle(books, report, clock)
+        except NodeError as e:
+            self.data_notes = _empty_notes(splits, books)
+            add_data_notes(e, self.data_notes)
             raise
-        self._settle(books, report, clock)
+        self.data_notes = _empty_notes(splits, books)  # for a main that fails after train returns
         report.seconds = time.monotonic() - t0
         return report
 
@@ -454,20 +500,11 @@ class Feeder:
             pushed = sum(ep.assigned.values())
             if pushed == 0 and ep.split not in empty:
                 empty.add(ep.split)
-                what = "train(df)" if ep.split == "train" else "train(validation=...)"
-                msg = (
-                    f"epoch {ep.epoch} ({ep.split}): the DataFrame given to {what} has no rows, "
-                    f"so every worker's pass over it was empty; check the filters or joins that "
-                    f"built it."
-                )
+                msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split)}"
                 report.messages.append(msg)
                 logger.warning(msg)
             if ep.limit == 0 and pushed and len(ep.reading) > 1:
-                msg = (
-                    f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} "
-                    f"workers leave some worker none, so every worker yielded none (each yields "
-                    f"the smallest worker's share); push at least one row per worker."
-                )
+                msg = _too_few_message(ep, pushed)
                 report.messages.append(msg)
                 logger.warning(msg)
             for n in ep.workers:

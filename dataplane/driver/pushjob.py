@@ -8,7 +8,7 @@ task's SchemaError, a failed node's NodeError, or a FeedError with the task's ow
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import pyarrow as pa
 
@@ -17,7 +17,7 @@ from dataplane.errors import FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 
-__all__ = ["PushJobs", "FeedClock", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
+__all__ = ["PushJobs", "FeedClock", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
 
 # Push tasks per task slot at most (PushJobs.as_pushed): enough to keep every slot busy and
 # balanced, few enough that Spark's per-task cost stays small (docs/design.md, "Few tasks").
@@ -74,19 +74,28 @@ def _list_depth(t: pa.DataType) -> int:
     return depth
 
 
-def array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
+class ShapeScan(NamedTuple):
+    """What :func:`array_shapes` found: dense shapes, and the rows it counted (None when the
+    DataFrame has no array column, so nothing was scanned)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    rows: int | None
+
+
+def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     """Per-row shapes of array columns whose shape is the same in every row.
 
     One aggregate query over ``df``: the smallest and largest length at every nesting level
     (an 8x8 image given as ``array<array<float>>`` is ``(8, 8)``). Such columns are fed as
-    dense ``[batch, *shape]`` tensors, the others as ragged tensors.
+    dense ``[batch, *shape]`` tensors, the others as ragged tensors. The query counts the rows
+    too.
     """
     from pyspark.sql import functions as F
 
     lists = {f.name: _list_depth(f.type) for f in schema if _list_depth(f.type)}
     if not lists:
-        return {}
-    aggs = []
+        return ShapeScan({}, None)
+    aggs = [F.count(F.lit(1)).alias("rows")]
     for i, (name, depth) in enumerate(lists.items()):
         col = F.col(f"`{name}`")
         aggs += [F.min(F.size(col)).alias(f"mn{i}_0"), F.max(F.size(col)).alias(f"mx{i}_0")]
@@ -107,7 +116,7 @@ def array_shapes(df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
             shape.append(int(mn))
         if len(shape) == depth:
             out[name] = tuple(shape)
-    return out
+    return ShapeScan(out, int(row["rows"]))
 
 
 def _first_line(e: BaseException) -> str:
@@ -166,7 +175,7 @@ class PushJobs:
         job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
         return self._wait(job, clock, what, why_late)
 
-    def shapes(self, df: Any, schema: pa.Schema) -> dict[str, tuple[int, ...]]:
+    def shapes(self, df: Any, schema: pa.Schema) -> ShapeScan:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
         repeated ``train(df)`` calls on the same DataFrame do not scan it again."""
         return self._shapes.get(df, lambda: array_shapes(df, schema))

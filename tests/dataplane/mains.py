@@ -184,3 +184,16 @@ def raise_mid_feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             raise ValueError(f"bad batch on node {ctx.node_id}")
     while not ctx.should_stop:
         time.sleep(0.1)
+
+
+def keras_fit_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """The README's program: a Dense model on the array column ``x``, fit under MWMS."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    with tf.distribute.MultiWorkerMirroredStrategy().scope():
+        model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    ds = ctx.dataset(batch_size=32, features=["x"], label="y")
+    model.fit(ds.map(lambda f, y: (f["x"], y)), epochs=1, verbose=0)

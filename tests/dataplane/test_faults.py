@@ -320,3 +320,31 @@ def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tm
         assert "Node(s) [0] read none of it while their main still runs" in text, text
     finally:
         cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_main_failing_on_a_pass_without_rows_is_told_why(spark, rows):
+    # The filter that left nothing (or a single row for two workers) is the cause; Keras only
+    # says a layer got a ragged input, or that its logs were empty.
+    from tests.dataplane.mains import keras_fit_main
+
+    df = spark.range(0, rows, 1, 2).selectExpr(
+        "array(cast(id as float), 1f, 2f, 3f) as x", "cast(id as float) as y")
+    with pytest.raises(NodeError) as info:
+        with dataplane.run(spark, keras_fit_main, {}, num_nodes=2) as cluster:
+            pids = [n.pid for n in cluster.nodes]
+            cluster.train(df, num_epochs=1, feed_timeout=60)
+    text = str(info.value)
+    assert "main raised:\nValueError: " in text
+    if rows == 0:  # the shape scan saw no row, so x has no known length: Keras' reason follows
+        assert "Dense layer only supports RaggedTensors when the innermost dimension is non-ragged" in text
+        assert text.endswith(
+            "The data may be why: the DataFrame given to train(df) has no rows, so every "
+            "worker's pass over it is empty; check the filters or joins that built it.")
+    else:
+        assert "Unexpected result of `train_function` (Empty logs)" in text
+        assert text.endswith(
+            "The data may be why: epoch 0 (train): its 1 row(s) over 2 workers leave some worker "
+            "none, so every worker yielded none (each yields the smallest worker's share); push "
+            "at least one row per worker.")
+    wait_gone(pids, 15)

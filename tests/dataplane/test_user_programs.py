@@ -326,7 +326,7 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
             if rows == 0:  # said once for the call, not once per epoch
                 assert handed == 0 and report.rows_unconsumed == {}, report
                 assert no_rows == [f"epoch {report.epochs[0]} (train): the DataFrame given to "
-                                   f"train(df) has no rows, so every worker's pass over it was "
+                                   f"train(df) has no rows, so every worker's pass over it is "
                                    f"empty; check the filters or joins that built it."], report.messages
             else:
                 assert no_rows == [], report.messages
