@@ -15,11 +15,11 @@ speculative task; see :mod:`formats.staging`), null counts, progress, no output 
 failure. The executors must be able to open ``src`` through ``pyarrow.fs`` (local, ``s3://``,
 ``hdfs://``).
 
-What it does not do: Hive-style partition directories (``src/year=2024/...``), whose columns
-live in directory names, are refused (:func:`partition_dirs` tells; use
-``write_tfrecords(spark.read.parquet(src), ...)`` for those). A column missing from some files
-is written as nulls in those files' rows (as Spark reads it); a column whose type differs
-between files is a :class:`~dataplane.errors.SchemaError` naming the file.
+Hive-style partition directories (``src/day=2024-01-31/...``, what ``df.write.partitionBy``
+makes) become columns after the files' own, as the pull readers give them
+(:mod:`formats.hive`). A column missing from some files is written as nulls in those files'
+rows (as Spark reads it); a column whose type differs between files is a
+:class:`~dataplane.errors.SchemaError` naming the file.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_specs
+from formats.hive import HiveColumns
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
 
-__all__ = ["parquet_to_tfrecords", "parquet_spark_schema", "partition_dirs"]
+__all__ = ["parquet_to_tfrecords", "parquet_spark_schema"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +66,6 @@ class _FileInfo:
     int96: frozenset[str]  # top-level columns stored as INT96 (Spark's legacy timestamps)
     row_groups: list[_RowGroup]
     batch_rows: int
-
-
-def partition_dirs(files: Sequence[str], root: str) -> list[str]:
-    """The Hive-style ``key=value`` directories below ``root`` among ``files``' paths."""
-    prefix = root.rstrip("/") + "/"
-    found = []
-    for f in files:
-        rel = f[len(prefix):] if f.startswith(prefix) else os.path.basename(f)
-        found += [d for d in rel.split("/")[:-1] if "=" in d]
-    return sorted(set(found))
 
 
 def _footer(fs: Any, path: str, index: int) -> _FileInfo:
@@ -204,8 +195,9 @@ class _ParquetWriteTask:
 
     def __init__(self, src_fs: Any, files: list[str], batch_rows: list[int], plan: list[list[Unit]],
                  target: pa.Schema, dst_fs: Any, staging: str, specs: list[ColumnSpec],
-                 compression: str | None) -> None:
+                 compression: str | None, hive: HiveColumns) -> None:
         self.src_fs = src_fs
+        self.hive = hive  # partition columns: one value per file
         self.files = files
         self.batch_rows = batch_rows
         self.plan = plan
@@ -274,9 +266,14 @@ class _ParquetWriteTask:
         return {"pre_buffer": True}
 
     def _conform(self, batch: pa.RecordBatch, path: str) -> pa.RecordBatch:
-        """``batch`` with the target's columns and types (missing columns as nulls)."""
+        """``batch`` with the target's columns and types (missing columns as nulls, partition
+        columns from the file's directories)."""
         cols = []
+        consts = self.hive.values[path] if self.hive else {}
         for field in self.target:
+            if field.name in consts:
+                cols.append(pa.repeat(consts[field.name], batch.num_rows).cast(field.type))
+                continue
             idx = batch.schema.get_field_index(field.name)
             if idx < 0:
                 cols.append(pa.nulls(batch.num_rows, field.type))
@@ -336,13 +333,14 @@ def parquet_to_tfrecords(
 
     Raises:
         SchemaError: a column TF cannot hold, a column whose type differs between files, or
-            a partitioned dataset, before any file is written; from the job, a value that
+            files under different partition keys, before any file is written; from the job, a value that
             cannot be encoded (the message names the Parquet file and the column).
         StorageError: ``src`` is missing, empty or unreadable (names the file), or the output
             exists (mode="error") or cannot be written.
     """
-    from formats.fs import list_files, resolve
-    from formats.export import spark_arrow_schema
+    from formats.export import _spark_type_for, spark_arrow_schema
+    from formats.fs import list_files, listing_root, resolve
+    from formats.hive import hive_columns
 
     comp = normalize_compression(compression)
     if num_files is not None and (not isinstance(num_files, int) or isinstance(num_files, bool) or num_files < 1):
@@ -351,13 +349,6 @@ def parquet_to_tfrecords(
         raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
     loc = resolve(src, filesystem=src_filesystem)
     files = list_files(loc)
-    parts = partition_dirs(files, loc.path)
-    if parts:
-        raise SchemaError(
-            f"{loc.url} is a partitioned dataset (directories such as {parts[0]!r} hold column "
-            f"values); parquet_to_tfrecords reads the files only and would lose those columns. "
-            f"Use write_tfrecords(spark.read.parquet({loc.url!r}), ...) instead."
-        )
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
         infos = list(pool.map(lambda a: _footer(loc.filesystem, a[1], a[0]), enumerate(files)))
     first = infos[0]
@@ -372,6 +363,14 @@ def parquet_to_tfrecords(
                     f"but {f.dataType.simpleString()} in {first.path}; the files of one dataset "
                     f"must agree. Rewrite the odd file, or drop or cast the column."
                 )
+    hive = hive_columns(files, listing_root(loc), spark_schema.names, display=loc.display)
+    if hive:
+        from pyspark.sql import types as T
+
+        spark_schema = T.StructType(
+            spark_schema.fields
+            + [T.StructField(f.name, _spark_type_for(f.name, f.type), True) for f in hive.fields]
+        )
     if not spark_schema.fields:
         raise SchemaError(
             f"{loc.url}: the Parquet files have no columns ({first.path} and the rest), so "
@@ -387,7 +386,7 @@ def parquet_to_tfrecords(
         if plan:
             task = _ParquetWriteTask(
                 loc.filesystem, files, [i.batch_rows for i in infos], plan, target,
-                out.filesystem, out.staging, specs, comp,
+                out.filesystem, out.staging, specs, comp, hive,
             )
             sc = _spark_context(spark)
             with job_progress(spark, progress):

@@ -210,7 +210,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
     from dataplane.errors import DataplaneError
     from formats.export import job_progress
 
-    if source_format == "parquet" and args.to == "tfrecord" and not _partitioned(src):
+    if source_format == "parquet" and args.to == "tfrecord":
         return _parquet_to_tfrecord(spark, args, dst, dst_created, compression, started)
     try:
         if source_format == "tfrecord":
@@ -246,14 +246,6 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         return _failed(exc, bar, dst, dst_created)
     bar.close()
     return _summary(args, rows, files, nbytes, started)
-
-
-def _partitioned(src: Any) -> bool:
-    """Whether a Parquet SRC has Hive-style ``key=value`` directories (columns in paths)."""
-    from formats.fs import list_files
-    from formats.parquet_export import partition_dirs
-
-    return bool(partition_dirs(list_files(src), src.path))
 
 
 def _parquet_to_tfrecord(spark: Any, args: argparse.Namespace, dst: Any, dst_created: bool,
@@ -311,7 +303,7 @@ def _check_parquet(src: Any, *, flatten_structs: bool) -> str | None:
         return f"cannot read SRC {src.url} as Parquet: {exc}"
     except SchemaError as exc:
         return f"SRC {src.url} cannot be exported: {exc}"
-    if not plan.schema.names and not _partitioned(src):
+    if not plan.schema.names:
         return (f"SRC {src.url} has no columns ({src.display(plan.files[0])} and the rest); "
                 f"write it from a DataFrame with at least one column.")
     try:

@@ -119,8 +119,11 @@ CASES = [
     Case(PT, "null-inside-a-list", _pt(lambda env: bad.parquet(env.dir("d"), pa.table(
         {"id": [0, 1], "v": pa.array([[1.0], [1.0, None]], pa.list_(pa.float32()))}))), SchemaError,
          ("a.parquet", "'v'", "1 null element(s)", "coalesce(x, 0)"), within=180, after=_nothing_written),
-    Case(PT, "partitioned-dataset", _pt(lambda env: bad.parquet(env.dir("d/year=2024"), numeric_table(3)) and env.tmp / "d"),
-         SchemaError, ("year=2024", "partitioned", "write_tfrecords(spark.read.parquet("), within=60),
+    Case(PT, "partition-keys-differ", _pt(lambda env: (bad.parquet(env.dir("d/a=1/b=2"), numeric_table(3)),
+                                                        bad.parquet(env.dir("d/a=1"), numeric_table(3)))
+                                       and env.tmp / "d"),
+         SchemaError, ("a.parquet", "partition keys", "must sit under the same key=value directories"),
+         within=60, after=_nothing_written),
     Case(PT, "mode-unknown", _pt(lambda env: bad.parquet(env.dir("d"), numeric_table(3)), mode="append"),
          ValueError, ("mode", "'append'"), within=60),
 ]

@@ -235,6 +235,29 @@ def test_bad_value_fails_the_job_naming_file_and_column_and_leaves_nothing(spark
     assert not out.exists()
 
 
+def test_partitioned_dataset_keeps_its_partition_columns(spark, tmp_path):
+    # what df.write.partitionBy makes: key=value directories, a null key, an escaped value
+    from pyspark.sql import functions as F
+
+    src = str(tmp_path / "src")
+    df = spark.range(0, 60, 1, 3).select(
+        "id", (F.col("id") * 0.5).cast("float").alias("x"),
+        F.when(F.col("id") % 3 == 0, None).otherwise(F.col("id") % 3).alias("day"),
+        F.when(F.col("id") % 2 == 0, F.lit("a/b")).otherwise(F.lit("c")).alias("city"))
+    df.write.partitionBy("day", "city").parquet(src)
+    out = str(tmp_path / "tfr")
+    res = formats.parquet_to_tfrecords(spark, src, out)
+    assert res.rows == 60
+    cols = {s.name: s for s in read_schema_file(out).specs}
+    assert list(cols) == ["id", "x", "day", "city"]
+    assert (cols["day"].dtype, cols["city"].dtype) == ("int64", "string")
+    back = formats.read_tfrecords(spark, out)
+    got = sorted(tuple(r) for r in back.collect())
+    want = sorted((r.id, r.x, r.day, r.city) for r in df.collect())
+    assert got == want
+    assert got[3] == (3, 1.5, None, "c") and got[4] == (4, 2.0, 1, "a/b")
+
+
 @pytest.mark.parametrize(
     "layout, error, message",
     [
@@ -242,11 +265,12 @@ def test_bad_value_fails_the_job_naming_file_and_column_and_leaves_nothing(spark
          SchemaError, r"b\.parquet: column 'id' is string there but bigint in .*a\.parquet"),
         ({"a.parquet": pa.table({"id": [1], "m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64()))})},
          SchemaError, "column 'm' is a map"),
-        ({"year=2024/a.parquet": pa.table({"id": [1]})}, SchemaError, "partitioned dataset"),
+        ({"a=1/b=2/x.parquet": pa.table({"id": [1]}), "a=1/y.parquet": pa.table({"id": [2]})},
+         SchemaError, "must sit under the same key=value directories"),
         ({"a.parquet": b"not parquet at all"}, StorageError, r"a\.parquet: cannot read it as Parquet"),
         ({}, StorageError, "no data files"),
     ],
-    ids=["type-differs", "map-column", "partitioned", "not-parquet", "empty-dir"],
+    ids=["type-differs", "map-column", "partition-keys-differ", "not-parquet", "empty-dir"],
 )
 def test_bad_source_fails_before_any_output(spark, tmp_path, layout, error, message):
     src = tmp_path / "src"
