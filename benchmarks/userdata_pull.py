@@ -205,7 +205,7 @@ def _pyarrow_raw(d: Any) -> Callable[[], Iterator[pa.RecordBatch]]:
     from formats.hive import add_constant_columns
 
     hive = d.plan.hive
-    in_files = [c for c in d.columns if c not in hive.names]
+    in_files = hive.in_files(d.columns)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for path in d.plan.files:

@@ -58,7 +58,7 @@ class _ReadParquetFiles:
         from formats.hive import add_constant_columns
 
         fs = self.filesystem
-        in_files = [c for c in self.columns if c not in self.hive.names]
+        in_files = self.hive.in_files(self.columns)
         for b in batches:
             for i in b.column(0).to_pylist():
                 path = self.files[i]

@@ -45,6 +45,11 @@ class HiveColumns:
     def __bool__(self) -> bool:
         return bool(self.fields)
 
+    def in_files(self, names: Sequence[str]) -> list[str]:
+        """The ``names`` that are read from the files: all but the partition keys."""
+        keys = set(self.names)
+        return [n for n in names if n not in keys]
+
 
 def _keys(path: str, prefix: str) -> list[tuple[str, str]]:
     rel = path[len(prefix):] if path.startswith(prefix) else ""

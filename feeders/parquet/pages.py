@@ -136,7 +136,7 @@ class PagedChunks:
         try:
             pf = pq.ParquetFile(f, pre_buffer=remote)
             check_file(self.loc, path, pf.schema_arrow, self.schema,
-                       [n for n in self.names if n not in self.hive.names])
+                       self.hive.in_files(self.names))
             pages = None if remote else self.loc.filesystem.open_input_file(path)
         except BaseException as exc:
             f.close()

@@ -40,11 +40,8 @@ def scan_batches(
     """
     import pyarrow.dataset as pds
 
-    if hive:
-        in_files = [n for n in names if n not in hive.names]
-        schema = pa.schema([f for f in schema if f.name not in hive.names])
-    else:
-        in_files = names
+    in_files = hive.in_files(names)
+    schema = pa.schema([schema.field(n) for n in hive.in_files(schema.names)])
 
     remote = loc.scheme != "file"
     fmt = pds.ParquetFileFormat(
