@@ -71,6 +71,7 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
 
 
 # lines after an error's first line that are not its message: a chained traceback, TF's
-# op annotations
+# op annotations, the JVM's stack around a failed Spark job
 _NOT_MESSAGE = ("Traceback (most recent call last)", 'File "', "During handling", "The above exception",
-                "[[", "\t[[", "Error in user-defined function")
+                "[[", "Error in user-defined function", "at ", "... ", "Caused by", "Driver stacktrace",
+                "JVM stacktrace", "SQLSTATE")

@@ -247,7 +247,7 @@ def _await_reservation(cluster: Cluster, control: ControlServer, job: SparkJob, 
             raise NodeError(f["error"], node=None, remote_traceback=f.get("log", ""))
         if job.done() and job.future.exception() is not None:
             e = job.future.exception()
-            summary = error_summary(str(e))
+            summary = error_summary(str(e), max_lines=1)  # the hint follows on the same line
             raise NodeError(
                 f"the job starting the TF nodes failed: {type(e).__name__}: {summary}"
                 f"{_executor_import_hint(summary)}",

@@ -63,3 +63,19 @@ def test_long_messages_are_cut():
     text = _traceback_of(lambda: (_ for _ in ()).throw(ValueError("\n".join(["x" * 500] * 20))))
     out = error_summary(text)
     assert len(out.splitlines()) <= 8 and len(out) == 1500 and out.endswith("...")
+
+
+def test_a_failed_spark_job_keeps_the_python_error_without_the_jvm_stack():
+    text = (
+        "An error occurred while calling o123.collect.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/pyspark/worker.py", line 1, in main\n'
+        "ModuleNotFoundError: No module named 'dataplane'\n"
+        " SQLSTATE: 38000\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:572)\n"
+        "\tat org.apache.spark.sql.execution.python.PythonArrowOutput$$anon$1.read(PythonArrowOutput.scala:118)\n"
+        "\t... 20 more\n"
+        "Driver stacktrace:\n"
+    )
+    assert error_summary(text) == "ModuleNotFoundError: No module named 'dataplane'"
