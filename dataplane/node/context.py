@@ -48,6 +48,7 @@ class NodeContext:
         log_dir: str | None,
         default_fs: str,
         stop_event: threading.Event,
+        polls_stop: threading.Event | None = None,
     ) -> None:
         self.node = node
         self.role = node.role
@@ -62,6 +63,8 @@ class NodeContext:
         self._buffer = buffer
         self._broker = broker
         self._stop = stop_event
+        # set once main reads should_stop: cluster.shutdown may then stop it while it is busy
+        self._polls_stop = polls_stop if polls_stop is not None else threading.Event()
         self._epoch_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -76,7 +79,7 @@ class NodeContext:
         told to stop once shutdown's ``timeout`` runs out); ``wait_stop`` tells the driver this
         main only waits, so it is stopped at once.
         """
-        self._buffer.metrics["checks_should_stop"] = True  # cluster.shutdown may tell it to stop
+        self._polls_stop.set()
         return self._stop.is_set()
 
     def wait_stop(self, timeout: float | None = None) -> bool:

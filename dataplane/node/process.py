@@ -368,6 +368,7 @@ class _Node:
                 log_dir=log_dir,
                 default_fs=self.cfg.default_fs,
                 stop_event=self.stop_event,
+                polls_stop=self.server.main_polls_stop,
             )
             main(args, ctx)
         except NodeShutdown:

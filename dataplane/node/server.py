@@ -98,6 +98,7 @@ class NodeServer(flight.FlightServerBase):
         self._on_shutdown = on_shutdown
         self.node_id = node_id
         self.main_state = "running"
+        self.main_polls_stop = threading.Event()  # main read ctx.should_stop (NodeContext)
 
     # -- data -------------------------------------------------------------------------------
     def do_put(self, context, descriptor, reader, writer):  # type: ignore[override]
@@ -202,6 +203,7 @@ class NodeServer(flight.FlightServerBase):
             m["serving"] = self.broker.serving  # ctx.serve is answering cluster.inference
             # main only waits for the driver (next epoch, or inference requests): safe to stop
             m["idle"] = self.buffer.idle_waiters > 0 or self.broker.serving
+            m["checks_should_stop"] = self.main_polls_stop.is_set()
             m["time"] = time.time()
             return json_result(m)
         if name is Action.SHUTDOWN:
