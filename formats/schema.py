@@ -49,6 +49,8 @@ __all__ = [
     "column_specs",
     "column_array",
     "list_offsets",
+    "declare_shapes",
+    "list_lengths",
     "check_fill_value",
     "mapping_arg",
     "flatten_struct_fields",
@@ -305,26 +307,53 @@ def column_specs(
         arrow_type = schema.field(idx).type
         dtype, shape, rr = _element_type(name, arrow_type, "")
         if name in shapes:
-            raw = shapes[name]
-            if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence) or not all(
-                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in raw
-            ):
-                raise ValueError(
-                    f"shapes[{name!r}] must be a list of ints (the per-row shape), got {raw!r}; "
-                    f"e.g. shapes={{{name!r}: [28, 28]}}."
-                )
-            declared = tuple(int(d) for d in raw)
-            if len(shape) == 0:
-                raise SchemaError(
-                    f"column {name!r} is a scalar, but shape {declared} was declared for it; "
-                    f"shapes only apply to list columns."
-                )
-            if math.prod(declared) <= 0:
-                raise SchemaError(f"declared shape {declared} for column {name!r} is empty.")
-            shape, rr = declared, 0
+            shape, rr = _declared_shape(name, shapes[name], shape), 0
         check_fill_value(name, dtype, fill_values.get(name))
         specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name), arrow_type))
     return specs
+
+
+def _declared_shape(name: str, raw: Any, shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    """``shapes[name]`` checked against the column's own per-row ``shape``."""
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence) or not all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in raw
+    ):
+        raise ValueError(
+            f"shapes[{name!r}] must be a list of ints (the per-row shape), got {raw!r}; "
+            f"e.g. shapes={{{name!r}: [28, 28]}}."
+        )
+    declared = tuple(int(d) for d in raw)
+    if len(shape) == 0:
+        raise SchemaError(
+            f"column {name!r} is a scalar, but shape {declared} was declared for it; "
+            f"shapes only apply to list columns."
+        )
+    if math.prod(declared) <= 0:
+        raise SchemaError(f"declared shape {declared} for column {name!r} is empty.")
+    return declared
+
+
+def declare_shapes(specs: Sequence[ColumnSpec], shapes: Mapping[str, Sequence[int]] | None) -> list[ColumnSpec]:
+    """``specs`` with the list columns named in ``shapes`` made dense with those per-row shapes.
+
+    Raises:
+        SchemaError: ``shapes`` names a column not in ``specs``, or a scalar column.
+        ValueError: a shape is not a list of positive ints.
+    """
+    from dataclasses import replace
+
+    shapes = mapping_arg("shapes", shapes)
+    names = [s.name for s in specs]
+    for extra in shapes:
+        if extra not in names:
+            raise SchemaError(
+                f"shapes name column {extra!r}, which is not among the columns read: {names}."
+            )
+    return [
+        replace(s, shape=_declared_shape(s.name, shapes[s.name], s.shape), ragged_rank=0)
+        if s.name in shapes else s
+        for s in specs
+    ]
 
 
 def tf_spec(
@@ -387,6 +416,29 @@ def list_offsets(arr: pa.Array) -> np.ndarray:
     if len(arr) == 0:
         return np.zeros(1, dtype=np.int64)
     return np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+
+
+def list_lengths(arr: pa.Array, spec: ColumnSpec) -> list[list[int]] | None:
+    """``[shortest, longest]`` list per ragged level of ``spec`` over ``arr``'s non-null rows.
+
+    None when the column has no ragged level or no non-null row. Levels of a known size
+    (``fixed_size_list``) are walked through but not reported.
+    """
+    import pyarrow.compute as pc
+
+    if not spec.is_ragged or arr.null_count == len(arr):
+        return None
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    out = []
+    for dim in spec.shape:
+        if dim is None:
+            lo, hi = pc.min_max(pc.list_value_length(arr)).values()
+            if lo.as_py() is None:  # no list at this level: every one above it was empty
+                return out + [[0, 0]] * (sum(d is None for d in spec.shape) - len(out))
+            out.append([lo.as_py(), hi.as_py()])
+        arr = arr.flatten()
+    return out
 
 
 def _list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:

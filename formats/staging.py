@@ -13,7 +13,7 @@ Every export job that writes TFRecords (:func:`formats.write_tfrecords`,
    attempts' files with it) and writes the schema file. A list column whose lists had one
    length at every level in every row (Spark's ``array<float>`` holding images, say) is
    declared dense there: each task reports the shortest and longest list per level
-   (:func:`list_lengths`), so readers get ``[batch, 784]`` tensors instead of ragged ones.
+   (:func:`formats.schema.list_lengths`), so readers get ``[batch, 784]`` tensors, not ragged ones.
 4. On any failure :meth:`StagedOutput.abort` deletes the staging area, and the output directory
    too when the job created it, so nothing partial is left behind.
 """
@@ -33,12 +33,12 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
-from formats.schema import ColumnSpec, column_array
+from formats.schema import ColumnSpec, column_array, list_lengths
 from formats.tfrecord import compression_suffix
 
 __all__ = [
     "ExportResult", "STATS_SCHEMA", "StagedOutput", "write_partition", "job_progress", "task_error",
-    "list_lengths", "dense_specs",
+    "dense_specs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,29 +101,6 @@ def task_error(exc: BaseException) -> Exception | None:
 
 # ---------------------------------------------------------------------------------------------
 # executor side
-
-
-def list_lengths(arr: pa.Array, spec: ColumnSpec) -> list[list[int]] | None:
-    """``[shortest, longest]`` list per ragged level of ``spec`` over ``arr``'s non-null rows.
-
-    None when the column has no ragged level or no non-null row. Levels of a known size
-    (``fixed_size_list``) are walked through but not reported.
-    """
-    import pyarrow.compute as pc
-
-    if not spec.is_ragged or arr.null_count == len(arr):
-        return None
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
-    out = []
-    for dim in spec.shape:
-        if dim is None:
-            lo, hi = pc.min_max(pc.list_value_length(arr)).values()
-            if lo.as_py() is None:  # no list at this level: every one above it was empty
-                return out + [[0, 0]] * (sum(d is None for d in spec.shape) - len(out))
-            out.append([lo.as_py(), hi.as_py()])
-        arr = arr.flatten()
-    return out
 
 
 def _merge_lengths(a: list[list[int]] | None, b: list[list[int]] | None) -> list[list[int]] | None:

@@ -13,7 +13,7 @@ from feeders.shard import normalize_shard, take_shard
 from feeders.tfrecord.plan import check_records, plan_tfrecord, select_columns
 from feeders.tfrecord.stream import RecordBatches, layout_holds
 from formats.example_layout import VALUE_DTYPES, layout_columns
-from formats.schema import ColumnSpec
+from formats.schema import ColumnSpec, declare_shapes
 from formats.tfrecord import normalize_compression
 
 __all__ = ["tfrecord_dataset"]
@@ -80,6 +80,7 @@ def tfrecord_dataset(
     fill_values: Mapping[str, Any] | None = None,
     filesystem: Any = None,
     sample: int = 1000,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ):
     """A ``tf.data.Dataset`` of batches parsed from ``tf.train.Example`` TFRecord files.
 
@@ -101,6 +102,10 @@ def tfrecord_dataset(
             written); by default an absent dense feature is a parse error.
         filesystem: a ``pyarrow.fs`` filesystem to read with instead of the URL's.
         sample: records to look at when inferring the schema.
+        shapes: declared per-row shapes for list features (dense instead of ragged), e.g.
+            ``{"image": [28, 28]}`` for records holding 784 floats each. An inferred schema
+            reads every list feature ragged (a sample cannot prove a length); files from
+            ``formats.write_tfrecords`` say which are dense.
 
     Returns:
         A ``tf.data.Dataset`` of ``dict[str, tf.Tensor | tf.RaggedTensor]`` or
@@ -121,7 +126,7 @@ def tfrecord_dataset(
     plan = plan_tfrecord(
         path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
     )
-    specs = select_columns(plan.specs, columns, label, fill_values, plan.location.url)
+    specs = declare_shapes(select_columns(plan.specs, columns, label, fill_values, plan.location.url), shapes)
     check_records(plan.location, plan.files, plan.compression, specs)
     parse, parse_or_take = _parser(specs, label)
     files, record_shard = plan.files, None

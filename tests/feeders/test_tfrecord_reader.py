@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import feeders
-from dataplane.errors import RecordError
+from dataplane.errors import RecordError, SchemaError
 from feeders.tfrecord import stream as reader
 from tests.builders import mnist_like_table, numeric_table, row_checksum, write_tfrecord_files
 
@@ -273,3 +273,28 @@ def test_shared_layout_records_from_s3_decode_in_place(mnist_files, s3_env, monk
     np.testing.assert_array_equal(
         np.concatenate([b["label"].numpy() for b in batches]), table.column("label").to_numpy()
     )
+
+
+def test_records_from_elsewhere_read_dense_with_declared_shapes(tmp_path):
+    # TFRecords written with TensorFlow's own writer have no schema file: the inferred schema
+    # reads every list feature ragged, and shapes= makes an image column a dense tensor.
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    images = rng.random((30, 2, 3), dtype=np.float32)
+    rows = [{"id": [i], "image": images[i].reshape(-1).tolist()} for i in range(30)]
+    _write_examples(tmp_path / "part-0.tfrecord", rows)
+    inferred = feeders.tfrecord_dataset(tmp_path, batch_size=8)
+    assert isinstance(inferred.element_spec["image"], tf.RaggedTensorSpec)
+
+    ds = feeders.tfrecord_dataset(tmp_path, batch_size=8, shapes={"image": [2, 3]}, label="id")
+    assert ds.element_spec[0]["image"] == tf.TensorSpec([None, 2, 3], tf.float32)
+    got = np.concatenate([x["image"].numpy() for x, _ in ds])
+    np.testing.assert_array_equal(got, images)
+
+    with pytest.raises(RecordError, match=r"record 0: feature 'image' holds 6 values, but its shape \(4,\) needs 4"):
+        feeders.tfrecord_dataset(tmp_path, batch_size=8, shapes={"image": [4]})
+    with pytest.raises(SchemaError, match=r"shapes name column 'img', which is not among the columns read"):
+        feeders.tfrecord_dataset(tmp_path, batch_size=8, shapes={"img": [6]})
+    with pytest.raises(SchemaError, match=r"column 'id' is a scalar"):
+        feeders.tfrecord_dataset(tmp_path, batch_size=8, shapes={"id": [1]})

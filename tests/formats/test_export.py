@@ -211,8 +211,8 @@ def test_list_columns_that_vary_stay_ragged(spark, tmp_path):
 def test_list_lengths_per_level():
     import pyarrow as pa
 
-    from formats.schema import column_specs
-    from formats.staging import dense_specs, list_lengths
+    from formats.schema import column_specs, list_lengths
+    from formats.staging import dense_specs
 
     t = pa.table({"g": pa.array([[[1, 2], [3, 4]], None, [[5, 6], [7, 8]]], pa.list_(pa.list_(pa.int64()))),
                   "e": pa.array([[], []], pa.list_(pa.list_(pa.int64()))).slice(0, 2).take([0, 1, 0]),
