@@ -85,6 +85,33 @@ def _columns_from_arrow(schema: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
+    """For each ragged list column, the shape every row of the first row group has, if one:
+    Parquet keeps no list lengths, so a Spark ``array<float>`` image reads ragged unless its
+    shape is declared, and this is the declaration to make."""
+    import pyarrow.parquet as pq
+
+    from formats.schema import column_specs, list_lengths
+
+    in_files = set(plan.file_schema.names)
+    ragged = [c["name"] for c in columns
+              if c.get("tf", "") and c["tf"].startswith("Ragged") and c["name"] in in_files]
+    if not ragged or not plan.files or not plan.metadata[0].num_row_groups:
+        return
+    with plan.location.filesystem.open_input_file(plan.files[0]) as f:
+        table = pq.ParquetFile(f).read_row_group(0, columns=ragged)
+    for c in columns:
+        if c["name"] not in ragged:
+            continue
+        (spec,) = column_specs(plan.schema, columns=[c["name"]])
+        seen = list_lengths(table.column(c["name"]).combine_chunks(), spec)
+        if seen and all(lo == hi and lo > 0 for lo, hi in seen):
+            shape = [hi for _, hi in seen]
+            c["dense_in_first_row_group"] = shape
+            c["hint"] = (f"every row of the first row group holds {shape}: "
+                         f"shapes={{{c['name']!r}: {shape}}} reads it dense")
+
+
 def _file_sizes(loc: Any, files: list[str]) -> list[int]:
     infos = loc.filesystem.get_file_info(files)
     return [int(i.size or 0) for i in infos]
@@ -106,9 +133,11 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
              "bytes": b}
             for f, m, b in zip(plan.files, plan.metadata, sizes)
         ]
+        columns = _columns_from_arrow(plan.schema)
+        _shape_hints(plan, columns)
         return {"url": loc.url, "format": "parquet", "rows": plan.num_rows,
                 "bytes": sum(sizes), "schema_source": "parquet footer",
-                "columns": _columns_from_arrow(plan.schema), "files": files}
+                "columns": columns, "files": files}
 
     from feeders.tfrecord import count_records, plan_tfrecord
 
@@ -161,6 +190,9 @@ def _render(info: dict[str, Any]) -> str:
     for c in info["columns"]:
         tf = c["tf"] if c["tf"] is not None else "NOT CARRIED: " + c.get("problem", "")
         lines.append(f"  {c['name'].ljust(width)}  {(c['arrow_type'] or '-').ljust(awidth)}  {tf}")
+    hints = [c for c in info["columns"] if c.get("hint")]
+    for c in hints:
+        lines.append(f"  {c['name']}: {c['hint']}")
     lines.append("")
     lines.append("files:")
     for f in info["files"]:

@@ -113,3 +113,26 @@ def test_s3(data, s3_server):
     assert (info["rows"], info["schema_source"]) == (120, "schema file")
     bad = _inspect(url, env=s3_server.env(secret_key="wrong"))
     assert bad.returncode == 1 and "refused the credentials" in bad.stderr
+
+
+def test_parquet_list_columns_of_one_length_get_the_shapes_to_declare(tmp_path):
+    # Spark writes an image as array<float>: Parquet keeps no list lengths, so it reads ragged
+    # unless declared; inspect says what to declare when the first row group shows one shape.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "image": pa.array([[[float(i)] * 3] * 2 for i in range(10)], pa.list_(pa.list_(pa.float32()))),
+        "tokens": pa.array([[1] * (i % 3 + 1) for i in range(10)], pa.list_(pa.int64())),
+        "label": pa.array(range(10), pa.int64()),
+    })
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=5)
+    out = _inspect(str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    hints = [ln.strip() for ln in out.stdout.splitlines() if "reads it dense" in ln]
+    assert hints == ["image: every row of the first row group holds [2, 3]: "
+                     "shapes={'image': [2, 3]} reads it dense"]
+    info = json.loads(_inspect(str(tmp_path), "--json").stdout)
+    by_name = {c["name"]: c for c in info["columns"]}
+    assert by_name["image"]["dense_in_first_row_group"] == [2, 3]
+    assert "dense_in_first_row_group" not in by_name["tokens"]
