@@ -85,31 +85,38 @@ def _columns_from_arrow(schema: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
-    """For each ragged list column, the shape every row of the first row group has, if one:
-    Parquet keeps no list lengths, so a Spark ``array<float>`` image reads ragged unless its
-    shape is declared, and this is the declaration to make."""
+def _shape_hints(table: Any, specs: Any, columns: list[dict[str, Any]], seen_in: str) -> None:
+    """For each ragged list column, the shape every row of ``table`` (a first row group, or
+    the sampled records) has, if one: a Spark ``array<float>`` image reads ragged from Parquet
+    (no list lengths there) or from foreign TFRecords unless its shape is declared, and this
+    is the declaration to make."""
+    from formats.schema import list_lengths
+
+    by_name = {s.name: s for s in specs}
+    for c in columns:
+        spec = by_name.get(c["name"])
+        if spec is None or not spec.is_ragged or c["name"] not in table.column_names:
+            continue
+        seen = list_lengths(table.column(c["name"]).combine_chunks(), spec)
+        if seen and all(lo == hi and lo > 0 for lo, hi in seen):
+            shape = [hi for _, hi in seen]
+            c["dense_in_sample"] = shape
+            c["hint"] = (f"every row of {seen_in} holds {shape}: "
+                         f"shapes={{{c['name']!r}: {shape}}} reads it dense")
+
+
+def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
     import pyarrow.parquet as pq
 
-    from formats.schema import column_specs, list_lengths
+    from formats.schema import column_specs
 
-    in_files = set(plan.file_schema.names)
-    ragged = [c["name"] for c in columns
-              if c.get("tf", "") and c["tf"].startswith("Ragged") and c["name"] in in_files]
+    ragged = [c["name"] for c in columns if (c.get("tf") or "").startswith("Ragged")
+              and c["name"] in plan.file_schema.names]
     if not ragged or not plan.files or not plan.metadata[0].num_row_groups:
         return
     with plan.location.filesystem.open_input_file(plan.files[0]) as f:
         table = pq.ParquetFile(f).read_row_group(0, columns=ragged)
-    for c in columns:
-        if c["name"] not in ragged:
-            continue
-        (spec,) = column_specs(plan.schema, columns=[c["name"]])
-        seen = list_lengths(table.column(c["name"]).combine_chunks(), spec)
-        if seen and all(lo == hi and lo > 0 for lo, hi in seen):
-            shape = [hi for _, hi in seen]
-            c["dense_in_first_row_group"] = shape
-            c["hint"] = (f"every row of the first row group holds {shape}: "
-                         f"shapes={{{c['name']!r}: {shape}}} reads it dense")
+    _shape_hints(table, column_specs(plan.schema, columns=ragged), columns, "the first row group")
 
 
 def _file_sizes(loc: Any, files: list[str]) -> list[int]:
@@ -134,7 +141,7 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
             for f, m, b in zip(plan.files, plan.metadata, sizes)
         ]
         columns = _columns_from_arrow(plan.schema)
-        _shape_hints(plan, columns)
+        _parquet_shape_hints(plan, columns)
         return {"url": loc.url, "format": "parquet", "rows": plan.num_rows,
                 "bytes": sum(sizes), "schema_source": "parquet footer",
                 "columns": columns, "files": files}
@@ -154,6 +161,13 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
     for spec in plan.specs:
         arrow = str(spec.arrow_type) if spec.arrow_type is not None else None
         columns.append({"name": spec.name, "arrow_type": arrow, "tf": _tf_text(spec)})
+    if plan.schema_source == "inferred" and any(s.is_ragged for s in plan.specs):
+        from feeders.tfrecord.files import sample_records
+        from formats.example import decode_examples
+
+        records = sample_records(loc, plan.files, plan.compression, sample)
+        _shape_hints(decode_examples(records, plan.specs), plan.specs, columns,
+                     f"the {len(records)} sampled records")
     total = None if any(r is None for r in rows_per_file) else int(sum(rows_per_file))  # type: ignore[arg-type]
     return {
         "url": loc.url, "format": "tfrecord", "compression": plan.compression, "rows": total,

@@ -134,5 +134,18 @@ def test_parquet_list_columns_of_one_length_get_the_shapes_to_declare(tmp_path):
                      "shapes={'image': [2, 3]} reads it dense"]
     info = json.loads(_inspect(str(tmp_path), "--json").stdout)
     by_name = {c["name"]: c for c in info["columns"]}
-    assert by_name["image"]["dense_in_first_row_group"] == [2, 3]
-    assert "dense_in_first_row_group" not in by_name["tokens"]
+    assert by_name["image"]["dense_in_sample"] == [2, 3]
+    assert "dense_in_sample" not in by_name["tokens"]
+
+    # the same rows as TFRecords from TensorFlow's own writer: the hint comes from the sample
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(tmp_path / "records.tfrecord")) as w:
+        for row in table.to_pylist():
+            feats = {"image": tf.train.Feature(float_list=tf.train.FloatList(value=sum(row["image"], []))),
+                     "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=row["tokens"]))}
+            w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+    out = _inspect(str(tmp_path / "records.tfrecord"))
+    assert out.returncode == 0, out.stderr
+    assert [ln.strip() for ln in out.stdout.splitlines() if "reads it dense" in ln] == [
+        "image: every row of the 10 sampled records holds [6]: shapes={'image': [6]} reads it dense"]
