@@ -123,7 +123,10 @@ def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> li
     notes = [_empty_message(sp.name) for sp in splits if sp.rows == 0]
     for ep in books:
         pushed = sum(ep.assigned.values())
-        if ep.limit == 0 and ep.assigned and not any(sp.name == ep.split and sp.rows == 0 for sp in splits):
+        known = any(sp.name == ep.split and sp.rows == 0 for sp in splits)
+        # (limit 0 with rows pushed: too few rows only if two or more workers still read it;
+        # with none reading, every worker left the epoch early)
+        if ep.limit == 0 and ep.assigned and not known and (pushed == 0 or len(ep.reading) > 1):
             notes.append(_empty_message(ep.split) if pushed == 0 else _too_few_message(ep, pushed))
             break
     return list(dict.fromkeys(notes))

@@ -79,3 +79,27 @@ def test_a_failed_spark_job_keeps_the_python_error_without_the_jvm_stack():
         "Driver stacktrace:\n"
     )
     assert error_summary(text) == "ModuleNotFoundError: No module named 'dataplane'"
+
+
+def test_data_notes_name_an_empty_pass_only_when_there_was_one():
+    from dataplane.driver.feed import _EpochBooks, _empty_notes, _Split, add_data_notes
+    from dataplane.errors import NodeError
+
+    def books(assigned, limit, reading):  # type: ignore[no-untyped-def]
+        return _EpochBooks(3, ["w0", "w1"], assigned=assigned, limit=limit, reading=reading)
+
+    train = _Split("train", None, None, b"", {}, rows=None)  # no array column: not scanned
+    assert _empty_notes([train], [books({0: 1, 1: 0}, 0, {0, 1})]) == [
+        "epoch 3 (train): its 1 row(s) over 2 workers leave some worker none, so every worker "
+        "yielded none (each yields the smallest worker's share); push at least one row per worker."]
+    # both workers left the epoch early (take(k), then the main failed): nothing about the data
+    assert _empty_notes([train], [books({0: 50, 1: 50}, 0, set())]) == []
+    assert _empty_notes([train], [books({0: 50, 1: 50}, 50, {0, 1})]) == []
+    empty = _Split("train", None, None, b"", {}, rows=0)  # the scan counted none: said once
+    notes = _empty_notes([empty], [books({0: 0, 1: 0}, 0, {0, 1})])
+    assert notes == ["the DataFrame given to train(df) has no rows, so every worker's pass over "
+                     "it is empty; check the filters or joins that built it."]
+    err = NodeError("node 0: main raised:\nValueError: boom")
+    add_data_notes(err, notes)
+    add_data_notes(err, notes)  # the same error raised again by shutdown: said once
+    assert str(err) == f"node 0: main raised:\nValueError: boom\nThe data may be why: {notes[0]}"
