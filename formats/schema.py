@@ -51,6 +51,7 @@ __all__ = [
     "list_offsets",
     "declare_shapes",
     "list_lengths",
+    "uniform_shape",
     "check_fill_value",
     "mapping_arg",
     "flatten_struct_fields",
@@ -439,6 +440,20 @@ def list_lengths(arr: pa.Array, spec: ColumnSpec) -> list[list[int]] | None:
             out.append([lo.as_py(), hi.as_py()])
         arr = arr.flatten()
     return out
+
+
+def uniform_shape(lengths: Sequence[Sequence[int | None]] | None) -> tuple[int, ...] | None:
+    """The one shape every row has, from ``[shortest, longest]`` per list level (as
+    :func:`list_lengths` gives them); None when a level's lengths differ, are unknown, or are 0
+    (an empty level cannot be told from a missing one, so such a column stays ragged)."""
+    if not lengths:
+        return None
+    shape = []
+    for lo, hi in lengths:
+        if lo is None or lo != hi or lo <= 0:
+            return None
+        shape.append(int(lo))
+    return tuple(shape)
 
 
 def _list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
-from formats.schema import ColumnSpec, column_array, list_lengths
+from formats.schema import ColumnSpec, column_array, list_lengths, uniform_shape
 from formats.tfrecord import compression_suffix
 
 __all__ = [
@@ -119,14 +119,9 @@ def dense_specs(specs: Sequence[ColumnSpec], lengths: dict[str, Any], nulls: dic
 
     out = []
     for s in specs:
-        seen = lengths.get(s.name)
-        if (
-            s.is_ragged
-            and seen is not None
-            and not nulls.get(s.name, 0)
-            and all(lo == hi and lo > 0 for lo, hi in seen)
-        ):
-            it = iter(hi for _, hi in seen)
+        shape = uniform_shape(lengths.get(s.name)) if s.is_ragged and not nulls.get(s.name, 0) else None
+        if shape is not None:
+            it = iter(shape)
             s = replace(s, shape=tuple(next(it) if d is None else d for d in s.shape), ragged_rank=0)
         out.append(s)
     return out

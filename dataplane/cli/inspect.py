@@ -90,16 +90,16 @@ def _shape_hints(table: Any, specs: Any, columns: list[dict[str, Any]], seen_in:
     the sampled records) has, if one: a Spark ``array<float>`` image reads ragged from Parquet
     (no list lengths there) or from foreign TFRecords unless its shape is declared, and this
     is the declaration to make."""
-    from formats.schema import list_lengths
+    from formats.schema import list_lengths, uniform_shape
 
     by_name = {s.name: s for s in specs}
     for c in columns:
         spec = by_name.get(c["name"])
         if spec is None or not spec.is_ragged or c["name"] not in table.column_names:
             continue
-        seen = list_lengths(table.column(c["name"]).combine_chunks(), spec)
-        if seen and all(lo == hi and lo > 0 for lo, hi in seen):
-            shape = [hi for _, hi in seen]
+        shape = uniform_shape(list_lengths(table.column(c["name"]).combine_chunks(), spec))
+        if shape is not None:
+            shape = list(shape)
             c["dense_in_sample"] = shape
             c["hint"] = (f"every row of {seen_in} holds {shape}: "
                          f"shapes={{{c['name']!r}: {shape}}} reads it dense")
@@ -110,13 +110,13 @@ def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
 
     from formats.schema import column_specs
 
-    ragged = [c["name"] for c in columns if (c.get("tf") or "").startswith("Ragged")
-              and c["name"] in plan.file_schema.names]
+    in_files = [c["name"] for c in columns if c.get("tf") and c["name"] in plan.file_schema.names]
+    ragged = [s for s in column_specs(plan.schema, columns=in_files) if s.is_ragged] if in_files else []
     if not ragged or not plan.files or not plan.metadata[0].num_row_groups:
         return
     with plan.location.filesystem.open_input_file(plan.files[0]) as f:
-        table = pq.ParquetFile(f).read_row_group(0, columns=ragged)
-    _shape_hints(table, column_specs(plan.schema, columns=ragged), columns, "the first row group")
+        table = pq.ParquetFile(f).read_row_group(0, columns=[s.name for s in ragged])
+    _shape_hints(table, ragged, columns, "the first row group")
 
 
 def _file_sizes(loc: Any, files: list[str]) -> list[int]:

@@ -106,16 +106,13 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
                      F.max(F.array_max(sizes)).alias(f"mx{i}_{level}")]
             inner = F.flatten(inner)
     row = df.agg(*aggs).collect()[0]
+    from formats.schema import uniform_shape
+
     out = {}
     for i, (name, depth) in enumerate(lists.items()):
-        shape = []
-        for level in range(depth):
-            mn, mx = row[f"mn{i}_{level}"], row[f"mx{i}_{level}"]
-            if mn is None or mn != mx or mn <= 0:
-                break
-            shape.append(int(mn))
-        if len(shape) == depth:
-            out[name] = tuple(shape)
+        shape = uniform_shape([(row[f"mn{i}_{level}"], row[f"mx{i}_{level}"]) for level in range(depth)])
+        if shape is not None:
+            out[name] = shape
     return ShapeScan(out, int(row["rows"]))
 
 

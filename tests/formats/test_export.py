@@ -226,3 +226,14 @@ def test_list_lengths_per_level():
     assert [(s.name, s.shape, s.ragged_rank) for s in dense] == [
         ("g", (2, 2), 0), ("e", (None, None), 2), ("f", (2,), 0)]
     assert dense_specs([specs["g"]], {"g": [[2, 2], [2, 2]]}, {"g": 1})[0].shape == (None, None)
+
+
+def test_uniform_shape_needs_one_length_above_zero_per_level():
+    from formats.schema import uniform_shape
+
+    assert uniform_shape([[28, 28], [28, 28]]) == (28, 28)
+    assert uniform_shape([(4, 4)]) == (4,)
+    assert uniform_shape([[4, 4], [1, 2]]) is None
+    assert uniform_shape([[0, 0]]) is None
+    assert uniform_shape([[None, None]]) is None
+    assert uniform_shape(None) is None and uniform_shape([]) is None
