@@ -58,8 +58,7 @@ def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
     # MultiWorkerMirroredStrategy must exist before any other TF op runs in the process
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ctx.num_workers > 1 else None
     keras.utils.set_random_seed(args["seed"])
-    ds = ctx.dataset(args["batch_size"], features=["pixels"], label="label")
-    ds = ds.map(lambda f, y: (f["pixels"], y))
+    ds = ctx.dataset(args["batch_size"], features="pixels", label="label")
     if strategy is None:
         model = build_mlp(args["hidden"], args["lr"])
         loss = model.fit(ds, epochs=args["epochs"], verbose=0).history["loss"][-1]

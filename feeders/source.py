@@ -186,7 +186,7 @@ def push_dataset(
     *,
     batch_size: int,
     num_workers: int,
-    features: Sequence[str] | None = None,
+    features: str | Sequence[str] | None = None,
     label: str | None = None,
     drop_remainder: bool = False,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -211,6 +211,13 @@ def push_dataset(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if label is not None and not isinstance(label, str):
         raise ValueError(f"label must be a column name (str) or None, got {label!r}. {LABELS_HINT}")
+    if features is not None and not isinstance(features, str) and (
+        isinstance(features, bytes) or not isinstance(features, Sequence)
+        or not all(isinstance(c, str) for c in features)
+    ):
+        raise ValueError(
+            f"features must be a column name or a list of column names, got {features!r}."
+        )
     if repeat and split == "validation":
         # Keras starts a new pass over validation data every epoch (a new iterator), so a
         # validation stream would lose what tf.data had read ahead at each drop and then wait
@@ -243,12 +250,15 @@ def push_dataset(
         raise SchemaError(
             f"label column {label!r} is not in the pushed DataFrame; its columns are {names}."
         )
+    single = isinstance(features, str)  # one column: yield its tensor, not a dict
     if features is None:
         cols = [n for n in names if n != label]
+    elif single:
+        cols = [features]
     else:
         cols = list(features)
-        if label is not None and label in cols:
-            raise ValueError(f"label column {label!r} is also listed in features.")
+    if features is not None and label is not None and label in cols:
+        raise ValueError(f"label column {label!r} is also listed in features.")
     wanted = cols + ([label] if label is not None else [])
     declared = dict(info.shapes)
     declared.update({k: tuple(v) for k, v in (shapes or {}).items()})
@@ -311,7 +321,11 @@ def push_dataset(
         ds = ds.rebatch(int(batch_size))
     if decode:
         ds = decode_columns(ds, decode, info.schema, batch_size=int(batch_size))
-    if label is not None:
+    if single and label is not None:
+        ds = ds.map(lambda d: (d[cols[0]], d[label]))
+    elif single:
+        ds = ds.map(lambda d: d[cols[0]])
+    elif label is not None:
         ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
     opts = tf.data.Options()
     # Every worker already gets its own rows; Keras must not shard them again.

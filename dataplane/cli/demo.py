@@ -54,9 +54,9 @@ def node_main(args: dict[str, Any], ctx: Any) -> None:
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
         )
-    ds = ctx.dataset(args["batch_size"], features=["image"], label="label")
-    val = ctx.dataset(args["batch_size"], split="validation", features=["image"], label="label")
-    scale = lambda f, y: (f["image"] / 16.0, y)  # noqa: E731
+    ds = ctx.dataset(args["batch_size"], features="image", label="label")
+    val = ctx.dataset(args["batch_size"], split="validation", features="image", label="label")
+    scale = lambda x, y: (x / 16.0, y)  # noqa: E731
     waited = _InputWait()
     t0 = time.monotonic()
     hist = model.fit(ds.map(scale), validation_data=val.map(scale), epochs=args["epochs"],

@@ -121,7 +121,7 @@ class NodeContext:
         self,
         batch_size: int = 128,
         *,
-        features: Sequence[str] | None = None,
+        features: str | Sequence[str] | None = None,
         label: str | None = None,
         drop_remainder: bool = False,
         shapes: Mapping[str, Sequence[int]] | None = None,
@@ -154,8 +154,12 @@ class NodeContext:
 
         Args:
             batch_size: rows per batch (default 128, a common Keras default).
-            features: columns to yield (default: every column but ``label``).
-            label: if given, the dataset yields ``(features_dict, label_tensor)``.
+            features: columns to yield, as a dict of tensors (default: every column but
+                ``label``). One column name (``features="image"``) yields that column's
+                tensor itself, as a model with one input takes it.
+            label: if given, the dataset yields ``(features, label_tensor)``: with
+                ``features="image", label="label"`` that is ``(image, label)``, ready for
+                ``model.fit``.
             drop_remainder: drop each epoch's last partial batch (static batch shape).
             shapes: per-row shapes for array columns, e.g. ``{"image": (28, 28)}``. Arrays
                 whose shape is the same in every row are dense without this: ``[batch, n]``,

@@ -91,3 +91,39 @@ def test_bad_decode_arguments_fail_when_the_dataset_is_made(decode, message):
     _, blobs = _images(2, "png")
     with pytest.raises((SchemaError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
         _dataset({"id": np.arange(2), "image": pa.array(blobs, pa.binary())}, decode)
+
+
+
+def test_one_feature_name_yields_its_tensor_ready_for_a_one_input_model():
+    # a user's Sequential model takes (x, y) batches; features=["x"] gives ({"x": ...}, y),
+    # which Keras 3 refuses ("The structure of `inputs` doesn't match"), and a name given as a
+    # string used to be read as a list of one-letter column names
+    import tensorflow as tf
+
+    table = pa.table({"x": pa.array([[float(i), 2.0 * i] for i in range(10)], pa.list_(pa.float32(), 2)),
+                      "y": pa.array(np.arange(10, dtype=np.float32)), "id": pa.array(np.arange(10))})
+
+    def pushed(features, label):  # type: ignore[no-untyped-def]
+        buf = FeedBuffer(8 << 20)
+        buf.begin_epoch(EpochInfo(0, table.schema))
+        ds = push_dataset(buf, batch_size=4, num_workers=1, features=features, label=label)
+        buf.put_stream(0, 0, iter(table.to_batches(max_chunksize=5)))
+        buf.end_epoch(0, table.num_rows)
+        return ds
+
+    ds = pushed("x", "y")
+    assert ds.element_spec == (tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([None], tf.float32))
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    assert len(model.fit(ds, verbose=0).history["loss"]) == 1
+    pairs = list(pushed("x", "y"))
+    x = np.concatenate([b[0].numpy() for b in pairs])
+    np.testing.assert_array_equal(x, [[i, 2 * i] for i in range(10)])
+    np.testing.assert_array_equal(np.concatenate([b[1].numpy() for b in pairs]), np.arange(10))
+    ds = pushed("x", None)
+    assert ds.element_spec == tf.TensorSpec([None, 2], tf.float32)
+    assert [b.shape[0] for b in ds] == [4, 4, 2]
+    assert set(pushed(["x"], "y").element_spec[0]) == {"x"}
+    for bad in (b"x", [1], {"x": 1}):
+        with pytest.raises(ValueError, match=r"features must be a column name or a list of column names, got"):
+            push_dataset(FeedBuffer(1 << 20), batch_size=4, num_workers=1, features=bad)
