@@ -260,7 +260,8 @@ class FlightPushPath:
         import dataplane
 
         self.cluster = dataplane.run(
-            self.spark, self.main, self.args, num_nodes=self.num_nodes, **self.run_kwargs
+            self.spark, self.main, self.args, num_nodes=self.num_nodes, log_to_driver=False,
+            **self.run_kwargs,
         )
 
     def __call__(self) -> int:

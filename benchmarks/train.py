@@ -182,7 +182,7 @@ class PushFitPath:
             self.cluster = dataplane.run(
                 self.spark, fit_main,
                 {"dir": str(self.dir), "batch_size": BATCH_SIZE, "epochs": self.epochs},
-                num_nodes=1,
+                num_nodes=1, log_to_driver=False,  # the bench's tables, not TF's start-up notes
             )
         last = self.epoch + self.epochs - 1
         self.epoch += self.epochs

@@ -6,11 +6,15 @@ Nodes reach it over Flight actions (JSON bodies, bearer token):
 ``wait_spec``  block (bounded) until every node registered; reply: the topology, or pending.
 ``heartbeat``  a node is alive; reply says whether the driver wants it to stop.
 ``done``       the node's ``main`` finished: ok, or the traceback text.
+
+A heartbeat or ``done`` may carry ``log``: what the node wrote to its stdout and stderr since
+its last message (``run(log_to_driver=True)``), printed here on the driver's stderr.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -173,11 +177,30 @@ class ControlServer(flight.FlightServerBase):
             return {"ready": True, "topology": self.topology.to_json()}  # type: ignore[union-attr]
 
     def _on_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._show_log(body)
         with self._cond:
             self._touch(body)
             return {"stop": self.stopping}
 
+    def _show_log(self, body: dict[str, Any]) -> None:
+        """Print a node's forwarded log lines, each prefixed with the node."""
+        text = body.get("log")
+        if not text:
+            return
+        node_id = int(body.get("node_id", -1))
+        who = f"node {node_id}"
+        if self.topology is not None and node_id in self.status:
+            who += f" {self.topology.node(node_id).role}"
+        lines = str(text).rstrip("\n").split("\n")
+        out = "".join(f"[{who}] {line.rstrip(chr(13))}\n" for line in lines)
+        try:
+            sys.stderr.write(out)
+            sys.stderr.flush()
+        except (OSError, ValueError):  # the driver's stderr is closed: nothing to show it on
+            pass
+
     def _on_done(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._show_log(body)
         node_id = int(body["node_id"])
         with self._cond:
             st = self.status.get(node_id)

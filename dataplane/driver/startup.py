@@ -81,6 +81,7 @@ def run(
     max_chunk_bytes: int = _MiB,
     cache_bytes: int = NodeConfig.cache_bytes,
     tls: tuple[bytes, bytes] | None = None,
+    log_to_driver: bool = NodeConfig.log_to_driver,
 ) -> "Cluster":
     """Start ``num_nodes`` TF nodes on the executors and return once all have registered.
 
@@ -111,6 +112,10 @@ def run(
             server over ``grpc+tls`` with this certificate, which every client trusts as its
             root (it must name the driver's and the executors' addresses). Default: plaintext
             gRPC, every call still authenticated by the cluster's secret.
+        log_to_driver: print what every node writes to its stdout and stderr (``main``'s
+            prints, Keras' progress, TensorFlow's log) on the driver's stderr, each line
+            prefixed with its node, e.g. ``[node 1 worker]``, about once a second. False: it
+            stays in the node's ``node.log``, removed when the node exits.
 
     Raises:
         ValueError / TypeError: bad arguments.
@@ -154,6 +159,7 @@ def run(
         reservation_timeout=reservation_timeout,
         stop_grace=stop_grace,
         tensorboard=bool(tensorboard),
+        log_to_driver=bool(log_to_driver),
         log_dir=log_dir,
         default_fs=_default_fs(spark),
         tls_cert=tls[0].decode() if tls else None,

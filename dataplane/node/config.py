@@ -39,6 +39,7 @@ class NodeConfig:
     reservation_timeout: float = 120.0  # seconds for every node to register
     stop_grace: float = 10.0  # seconds main gets to return after a stop before the node exits
     tensorboard: bool = False  # start TensorBoard on the chief
+    log_to_driver: bool = True  # send the node's stdout/stderr to the driver with its heartbeats
     log_dir: str | None = None  # TensorBoard's log directory on the chief
     default_fs: str = "file:///"  # the Hadoop default file system, for ctx paths
     tls_cert: str | None = None  # PEM; every client's root. None: plaintext gRPC

@@ -29,6 +29,7 @@ import traceback
 from typing import Any
 
 from dataplane.node.config import NodeConfig
+from dataplane.node.logtail import FINAL_BYTES, LogTail
 
 __all__ = ["spawn_detached", "NodeShutdown"]
 
@@ -122,6 +123,21 @@ class _Node:
         self.tensorboard: subprocess.Popen | None = None
         self.server = None
         self.buffer = None
+        # what the node prints, for the driver to show (run(log_to_driver=True))
+        self.log_tail = LogTail(os.path.join(self.workdir, "node.log")) if self.cfg.log_to_driver else None
+
+    def _log_text(self, *, final: bool = False) -> dict[str, str]:
+        """``{"log": text}`` with what the node wrote since the last call, or ``{}``."""
+        if self.log_tail is None:
+            return {}
+        if final:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+        text = self.log_tail.take(final=final)
+        return {"log": text} if text else {}
 
     # -- helpers ----------------------------------------------------------------------------
     def _tell_launcher(self, msg: dict[str, Any]) -> None:
@@ -197,9 +213,13 @@ class _Node:
         timeout = float(self.cfg.heartbeat_timeout)
         client = self._driver()
         last_ok = time.monotonic()
+        unsent = ""  # log text of a beat that did not arrive goes with the next one
         while not self.driver_lost.is_set():
             try:
-                reply = self._action(client, "heartbeat", {}, timeout=max(interval * 3, 3.0))
+                unsent = (unsent + self._log_text().get("log", ""))[-FINAL_BYTES:]
+                body = {"log": unsent} if unsent else {}
+                reply = self._action(client, "heartbeat", body, timeout=max(interval * 3, 3.0))
+                unsent = ""
                 last_ok = time.monotonic()
                 if reply.get("stop"):
                     self.request_stop()
@@ -298,7 +318,7 @@ class _Node:
         if not self.main_finished.wait(float(self.cfg.stop_grace)):
             logger.warning("node %d: main did not return after stop; exiting anyway", self.node_id)
             try:
-                self._action(self._driver(), "done", {"exiting": True}, timeout=5.0)
+                self._action(self._driver(), "done", {"exiting": True, **self._log_text(final=True)}, timeout=5.0)
             except Exception:  # noqa: BLE001 - the driver may already be gone
                 pass
             self._hard_exit(0)
@@ -392,11 +412,10 @@ class _Node:
             )
         self.buffer.consumer_finished()
         self.main_finished.set()
+        done = {"ok": ok, "traceback": tb_text[-20000:], **self._log_text(final=True)}
         for _ in range(3):
             try:
-                reply = self._action(
-                    client, "done", {"ok": ok, "traceback": tb_text[-20000:]}, timeout=10.0
-                )
+                reply = self._action(client, "done", done, timeout=10.0)
                 if reply.get("stop"):
                     self.request_stop()
                 break
@@ -409,7 +428,7 @@ class _Node:
                 s.close()
         self._kill_tensorboard()
         try:
-            self._action(client, "done", {"exiting": True}, timeout=5.0)
+            self._action(client, "done", {"exiting": True, **self._log_text(final=True)}, timeout=5.0)
         except Exception:  # noqa: BLE001 - the driver may already be gone
             pass
         if self.server is not None:
@@ -433,9 +452,16 @@ def _main(argv: list[str]) -> int:
     if mode == "--detach":
         _detach(config_path, ready_fd)
         return 0
+    # Our own INFO lines, other libraries' from WARNING up (as in a plain TF program: at INFO,
+    # TensorFlow logs a line for every all-reduce it builds under MWMS)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for ours in ("dataplane", "feeders", "formats"):
+        logging.getLogger(ours).setLevel(logging.INFO)
+    # stdout is a file: without this, main's prints would reach node.log (and the driver)
+    # only when a block of them filled up
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     node = _Node(config_path, ready_fd)
     # The driver asks nicely; a plain SIGTERM (executor killed) also stops the node.
     signal.signal(signal.SIGTERM, lambda *_: node.request_stop())

@@ -197,3 +197,13 @@ def keras_fit_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         model.compile("sgd", "mse")
     ds = ctx.dataset(batch_size=32, features=["x"], label="y")
     model.fit(ds.map(lambda f, y: (f["x"], y)), epochs=1, verbose=0)
+
+
+def print_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Prints as users' mains do (a line, a line without its newline), then maybe raises."""
+    import sys
+
+    print(f"hello from {ctx.role} {ctx.index}")
+    sys.stdout.write("last words, no newline")
+    if ctx.role == args.get("raise_on"):
+        raise ValueError("boom from " + ctx.role)

@@ -187,3 +187,41 @@ def test_executors_without_the_package_are_told_how_to_get_it(tmp_path):
     assert "install spark-tf-dataplane with its dependencies in the Python they run" in line, line
     assert str(python) in line and "spark.archives" in line, line
     assert time.monotonic() - t0 < 120
+
+
+def test_what_nodes_print_shows_on_the_driver_prefixed_with_the_node(spark, capsys):
+    # a user's print() and Keras' progress lines went to node.log, which is removed with the
+    # node: nothing of them ever reached the driver
+    from tests.dataplane.mains import print_main
+
+    cluster = dataplane.run(spark, print_main, {"raise_on": "worker"}, num_nodes=2)
+    with pytest.raises(dataplane.NodeError, match="boom from worker"):
+        cluster.shutdown()
+    err = capsys.readouterr().err.splitlines()
+    assert "[node 0 chief] hello from chief 0" in err
+    assert "[node 1 worker] hello from worker 0" in err
+    # a partial last line comes with the node's last message; the failing main's traceback too
+    assert "[node 0 chief] last words, no newline" in err
+    assert "[node 1 worker] ValueError: boom from worker" in err
+    with dataplane.run(spark, print_main, {}, num_nodes=1, log_to_driver=False):
+        pass
+    assert "[node" not in capsys.readouterr().err
+
+
+def test_log_tail_sends_whole_lines_then_the_rest(tmp_path):
+    from dataplane.node.logtail import FINAL_BYTES, LogTail
+
+    path = tmp_path / "node.log"
+    tail = LogTail(str(path))
+    assert tail.take() == ""  # no file yet
+    path.write_bytes(b"one\ntwo\nhalf")
+    assert tail.take() == "one\ntwo\n"
+    assert tail.take() == ""  # a line still being written waits
+    with open(path, "ab") as f:
+        f.write(b" a line\n\xff\n")
+    assert tail.take() == "half a line\n\ufffd\n"
+    with open(path, "ab") as f:
+        f.write(b"x" * (FINAL_BYTES + 10) + b"end")
+    text = tail.take(final=True)
+    assert text.startswith("[... 13 bytes of this node's log not forwarded ...]\n")
+    assert text.endswith("xend") and len(text.split("\n", 1)[1]) == FINAL_BYTES
