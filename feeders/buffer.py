@@ -356,6 +356,21 @@ class FeedBuffer:
             f"evaluate on a dataset of its own (a pull reader, or train(validation=...))."
         )
 
+    def ended_empty_note(self, split: str) -> str | None:
+        """Why a pass over ``split`` that found no epoch before the node stopped got nothing,
+        if earlier passes read every epoch pushed (None when none was: nothing was pushed)."""
+        with self._cond:
+            read = sum(1 for ep in self._epochs.values() if ep.info.split == split)
+        if not read or not self._stopped:
+            return None
+        return (
+            f"a pass over ctx.dataset(split={split!r}) ended without rows: the cluster shut down "
+            f"after earlier passes had read all {read} {split} epoch(s) pushed. main read more "
+            f"passes than cluster.train pushed (e.g. fit(epochs=3) over train(df, num_epochs=2), "
+            f"or an evaluate(ds) after fit); Keras may report that pass as an epoch, without "
+            f"data. Read one pass per pushed epoch."
+        )
+
     def peek_epoch(self, split: str = "train", timeout: float | None = None) -> EpochInfo | None:
         """The info of the epoch the next pass over ``split`` would claim (waits for one)."""
         with self._cond:

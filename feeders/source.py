@@ -197,6 +197,7 @@ def push_dataset(
     repeat: bool = False,
     split: str = "train",
     decode: Mapping[str, Any] | None = None,
+    reads_until_stop: Callable[[], bool] | None = None,
 ):
     """Build the ``tf.data.Dataset`` behind ``ctx.dataset()``.
 
@@ -204,6 +205,9 @@ def push_dataset(
     specs come from the pushed DataFrame's schema. With ``repeat=True`` one pass yields the
     pushed epochs back to back (each epoch batched on its own, so every worker still yields the
     same batches), ending when the node shuts down.
+
+    ``reads_until_stop``: True when the program loops over passes until the node stops (it
+    polls ``ctx.should_stop``), so that a last pass ending empty at shutdown is expected.
     """
     import tensorflow as tf
 
@@ -272,6 +276,10 @@ def push_dataset(
     def one_epoch(first: bool = True) -> Iterator[dict[str, Any]] | None:
         epoch = claim(first)
         if epoch is None:
+            expected = repeat or custom_claim is not None or (reads_until_stop is not None and reads_until_stop())
+            note = None if expected else buffer.ended_empty_note(split)
+            if note:  # the node's log, which the driver shows
+                logger.warning("%s", note)
             return None
         newest[:] = [epoch]
         got = buffer.wait_epoch_info(epoch)

@@ -203,6 +203,7 @@ class NodeContext:
             repeat=repeat,
             split=split,
             decode=decode,
+            reads_until_stop=self._polls_stop.is_set,
         )
 
     def set_metric(self, name: str, value: float) -> None:

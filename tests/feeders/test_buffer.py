@@ -268,6 +268,40 @@ def test_a_further_pass_waiting_for_the_next_train_call_says_so_once(monkeypatch
     assert "all 2 train epoch(s) pushed so far" in hints[0] and "model.evaluate(ds)" in hints[0]
 
 
+def test_a_pass_more_than_were_pushed_ends_empty_at_shutdown_and_says_why(caplog):
+    # fit(epochs=3) over train(df, num_epochs=2): Keras reports the third epoch ("13/13 -
+    # loss: 0.0000e+00") although no row reached it; the node's log (shown on the driver) says why
+    from feeders.source import push_dataset
+
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    ds = push_dataset(buf, batch_size=4, num_workers=1)
+    buf.put_stream(0, 0, _batches(0, 10, 10))
+    buf.end_epoch(0, 10)
+    with caplog.at_level("WARNING", logger="feeders.source"):
+        assert sum(int(b["id"].shape[0]) for b in ds) == 10
+        assert not caplog.records
+        threading.Timer(0.3, buf.stop).start()
+        assert list(ds) == []
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and "ctx.dataset(split='train') ended without rows" in notes[0], notes
+    assert "read all 1 train epoch(s) pushed" in notes[0] and "fit(epochs=3) over train(df, num_epochs=2)" in notes[0]
+    # a pass that never had an epoch (the cluster shut down before any train()) says nothing
+    assert FeedBuffer(1 << 20).ended_empty_note("train") is None
+    # nor does the last pass of a program that reads until the node stops (streaming)
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    ds = push_dataset(buf, batch_size=4, num_workers=1, reads_until_stop=lambda: True)
+    buf.put_stream(0, 0, _batches(0, 10, 10))
+    buf.end_epoch(0, 10)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="feeders.source"):
+        assert sum(int(b["id"].shape[0]) for b in ds) == 10
+        threading.Timer(0.3, buf.stop).start()
+        assert list(ds) == []
+    assert not caplog.records
+
+
 def test_without_skip_older_validation_epochs_wait_for_their_pass():
     buf = FeedBuffer(1 << 20)
     _announce(buf, "train", "validation", "train", "validation")
