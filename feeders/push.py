@@ -343,5 +343,33 @@ def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id) -> pa.R
         cols.append(reply.column(idx))
     arrays = []
     for col, want in zip(cols, out_schema):
-        arrays.append(col if col.type == want.type else col.cast(want.type))
+        if col.type != want.type:
+            col = _conform_answer(col, want, node_id)
+        arrays.append(col)
     return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
+def _list_depth(t: pa.DataType) -> int:
+    depth = 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t):
+        t, depth = t.value_type, depth + 1
+    return depth
+
+
+def _conform_answer(col: pa.Array, want: pa.Field, node_id: int) -> pa.Array:
+    """``col`` as the output column's declared type: cast, and an answer with more list levels
+    than declared (predict returned ``[rows, 2, 3]`` for a declared ``list<float>``) flattened
+    to the declared depth, row by row."""
+    from formats.schema import list_offsets
+
+    while _list_depth(col.type) > max(_list_depth(want.type), 1):
+        inner = col.values  # whole child arrays: offsets index them unrebased
+        col = pa.ListArray.from_arrays(pa.array(list_offsets(inner)[list_offsets(col)]), inner.values)
+    try:
+        return col.cast(want.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise SchemaError(
+            f"inference: node {node_id}'s predict returned output {want.name!r} as {col.type}, "
+            f"which does not convert to its declared type {want.type} ({e}); return that type, "
+            f"or declare what predict returns in output_schema."
+        ) from None

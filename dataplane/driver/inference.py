@@ -110,14 +110,15 @@ def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type:
     client.close()
     schema = reply.data.schema
     # Spark has no unsigned or half types: widen them so the output DataFrame can hold them.
-    fields = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_unsigned_integer(t):
-            t = pa.int64()
-        elif pa.types.is_float16(t):
-            t = pa.float32()
-        elif pa.types.is_list(t) and pa.types.is_float16(t.value_type):
-            t = pa.list_(pa.float32())
-        fields.append(pa.field(f.name, t))
-    return pa.schema(fields)
+    return pa.schema([pa.field(f.name, _spark_type(f.type)) for f in schema])
+
+
+def _spark_type(t: pa.DataType) -> pa.DataType:
+    """``t``, or the type Spark holds its values in (lists of them included)."""
+    if pa.types.is_list(t):
+        return pa.list_(_spark_type(t.value_type))
+    if pa.types.is_unsigned_integer(t):
+        return pa.int64()
+    if pa.types.is_float16(t):
+        return pa.float32()
+    return t

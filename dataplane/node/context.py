@@ -221,6 +221,9 @@ class NodeContext:
                 rows all have the same shape arrive dense, ``[rows, n]`` or ``[rows, 28, 28]``
                 for nested arrays) and returns
                 ``{output_name: np.ndarray}`` with one entry per input row in each array.
+                An output of shape ``[rows, n]`` becomes an ``array`` column, ``[rows, h, w]``
+                an ``array<array<...>>`` one (a segmentation mask keeps its shape); unsigned
+                and half-precision values widen to types Spark holds.
         """
         broker = self._broker
         broker.serving = True
@@ -312,12 +315,12 @@ def _outputs_to_batch(outputs: Any, rows: int, node_id: int) -> pa.RecordBatch:
                 f"node {node_id}: predict output {name!r} has shape {a.shape} for a batch of "
                 f"{rows} rows; every output needs one entry per input row (shape[0] == {rows})."
             )
-        if a.ndim == 1:
-            cols.append(pa.array(a))
-        else:
-            flat = pa.array(np.ascontiguousarray(a).reshape(-1))
-            width = int(np.prod(a.shape[1:]))
-            offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
-            cols.append(pa.ListArray.from_arrays(offsets, flat))
+        col = pa.array(np.ascontiguousarray(a).reshape(-1))
+        # [rows, 2, 3] answers as nested lists (Spark array<array<...>>), as images come in
+        for level in range(a.ndim - 1, 0, -1):
+            width, count = int(a.shape[level]), int(np.prod(a.shape[:level]))
+            offsets = pa.array(np.arange(count + 1, dtype=np.int64) * width, pa.int32())
+            col = pa.ListArray.from_arrays(offsets, col)
+        cols.append(col)
         names.append(str(name))
     return pa.RecordBatch.from_arrays(cols, names=names)

@@ -48,7 +48,9 @@ def describe_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
 
 def _predict(batch):  # type: ignore[no-untyped-def]
-    return {"y": batch["x"] * 2.0, "vec_sum": batch["vec"].sum(axis=1).astype(np.float32)}
+    # "mask": a [rows, 2, 3] answer of uint8, as a segmentation model gives
+    mask = np.stack([batch["vec"], batch["vec"] + 1]).transpose(1, 0, 2).astype(np.uint8)
+    return {"y": batch["x"] * 2.0, "vec_sum": batch["vec"].sum(axis=1).astype(np.float32), "mask": mask}
 
 
 def feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]

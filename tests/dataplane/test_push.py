@@ -241,13 +241,18 @@ def test_inference_returns_one_answer_per_row_keyed_by_id(spark, cluster):
     rows = 5000
     df = make_df(spark, rows, 3)
     out = cluster.inference(df, passthrough=("id",))
-    assert out.columns == ["id", "y", "vec_sum"]
+    assert out.columns == ["id", "y", "vec_sum", "mask"]
+    # a [rows, 2, 3] uint8 answer keeps its shape, in a type Spark holds (it has no uint8)
+    assert out.schema["mask"].dataType.simpleString() == "array<array<bigint>>"
     pdf = out.toPandas().sort_values("id").reset_index(drop=True)
     ids = np.arange(rows)
     assert len(pdf) == rows and (pdf["id"].to_numpy() == ids).all()
     np.testing.assert_allclose(pdf["y"].to_numpy(), ids * 0.5 * 2.0)
     np.testing.assert_allclose(pdf["vec_sum"].to_numpy(), 3 * ids + 3.0, rtol=1e-6)
     assert str(pdf["vec_sum"].dtype) == "float32"
+    masks = np.array([np.stack(list(m)) for m in pdf["mask"]])
+    want = (ids[:, None] + np.arange(3)[None, :]) % 256
+    np.testing.assert_array_equal(masks, np.stack([want, (want + 1) % 256], axis=1))
 
 
 def test_inference_of_one_large_partition_answers_every_request(spark, cluster):

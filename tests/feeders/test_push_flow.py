@@ -171,3 +171,26 @@ def test_two_tasks_at_once_with_lockstep_consumers(nodes):
     assert not errors, errors
     assert len(seen[0]) == len(seen[1]) == rows
     assert sorted(seen[0] + seen[1]) == list(range(2 * rows))
+
+
+def test_inference_answers_keep_their_shape_and_conform_to_the_declared_types():
+    import pyarrow as pa
+
+    from dataplane.driver.inference import _spark_type
+    from dataplane.node.context import _outputs_to_batch
+    from feeders.push import _conform_answer
+    from formats.errors import SchemaError
+
+    mask = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    batch = _outputs_to_batch({"mask": mask, "p": np.zeros((2, 0), np.float16), "y": [1.5, 2.5]}, 2, 0)
+    assert batch.column("mask").to_pylist() == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
+    assert batch.column("p").to_pylist() == [[], []] and batch.column("y").to_pylist() == [1.5, 2.5]
+    assert _spark_type(batch.schema.field("mask").type) == pa.list_(pa.list_(pa.int64()))
+    assert _spark_type(batch.schema.field("p").type) == pa.list_(pa.float32())
+    # an output declared flat (output_schema=, as before answers kept their shape) is
+    # flattened row by row, from a sliced answer too
+    flat = _conform_answer(batch.column("mask").slice(1), pa.field("mask", pa.list_(pa.int64())), 3)
+    assert flat.to_pylist() == [[6, 7, 8, 9, 10, 11]]
+    with pytest.raises(SchemaError, match=r"node 3's predict returned output 'name' as string, which "
+                                          r"does not convert to its declared type float"):
+        _conform_answer(pa.array(["a"]), pa.field("name", pa.float32()), 3)
