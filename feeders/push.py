@@ -349,20 +349,13 @@ def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id) -> pa.R
     return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
 
 
-def _list_depth(t: pa.DataType) -> int:
-    depth = 0
-    while pa.types.is_list(t) or pa.types.is_large_list(t):
-        t, depth = t.value_type, depth + 1
-    return depth
-
-
 def _conform_answer(col: pa.Array, want: pa.Field, node_id: int) -> pa.Array:
     """``col`` as the output column's declared type: cast, and an answer with more list levels
     than declared (predict returned ``[rows, 2, 3]`` for a declared ``list<float>``) flattened
     to the declared depth, row by row."""
-    from formats.schema import list_offsets
+    from formats.schema import list_depth, list_offsets
 
-    while _list_depth(col.type) > max(_list_depth(want.type), 1):
+    while list_depth(col.type) > max(list_depth(want.type), 1):
         inner = col.values  # whole child arrays: offsets index them unrebased
         col = pa.ListArray.from_arrays(pa.array(list_offsets(inner)[list_offsets(col)]), inner.values)
     try:

@@ -52,6 +52,7 @@ __all__ = [
     "declare_shapes",
     "list_lengths",
     "uniform_shape",
+    "list_depth",
     "check_fill_value",
     "mapping_arg",
     "flatten_struct_fields",
@@ -440,6 +441,14 @@ def list_lengths(arr: pa.Array, spec: ColumnSpec) -> list[list[int]] | None:
             out.append([lo.as_py(), hi.as_py()])
         arr = arr.flatten()
     return out
+
+
+def list_depth(t: pa.DataType) -> int:
+    """How many list levels ``t`` has (0 for a scalar type)."""
+    depth = 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t):
+        t, depth = t.value_type, depth + 1
+    return depth
 
 
 def uniform_shape(lengths: Sequence[Sequence[int | None]] | None) -> tuple[int, ...] | None:

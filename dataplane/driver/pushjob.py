@@ -67,13 +67,6 @@ def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
     )
 
 
-def _list_depth(t: pa.DataType) -> int:
-    depth = 0
-    while pa.types.is_list(t) or pa.types.is_large_list(t):
-        t, depth = t.value_type, depth + 1
-    return depth
-
-
 class ShapeScan(NamedTuple):
     """What :func:`array_shapes` found: dense shapes, and the rows it counted (None when the
     DataFrame has no array column, so nothing was scanned)."""
@@ -92,7 +85,9 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     """
     from pyspark.sql import functions as F
 
-    lists = {f.name: _list_depth(f.type) for f in schema if _list_depth(f.type)}
+    from formats.schema import list_depth
+
+    lists = {f.name: list_depth(f.type) for f in schema if list_depth(f.type)}
     if not lists:
         return ShapeScan({}, None)
     aggs = [F.count(F.lit(1)).alias("rows")]
