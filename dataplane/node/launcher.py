@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -65,6 +65,19 @@ def resolve_bind_host(configured: str | None) -> str:
         return "127.0.0.1"
 
 
+def work_root(env: Mapping[str, str], node_id: int) -> str | None:
+    """Where a node's work directory (its log, and its cache's spill files) goes: beside the
+    executor's Spark local directories, i.e. in ``spark.local.dir``, the disks Spark is given
+    for scratch (on YARN the application's own directory, removed when it ends); spread over
+    them by node id when there are several. None (the system temp directory) outside Spark."""
+    roots = []
+    for d in str(env.get("SPARK_LOCAL_DIRS", "")).split(","):
+        root = os.path.dirname(d.strip().rstrip("/"))  # SPARK_LOCAL_DIRS names blockmgr-* in it
+        if root and os.path.isdir(root) and os.access(root, os.W_OK) and root not in roots:
+            roots.append(root)
+    return roots[node_id % len(roots)] if roots else None
+
+
 @dataclass
 class NodeLauncher:
     """Picklable launch function: ``mapInArrow(NodeLauncher(...), LAUNCH_SCHEMA, barrier=True)``."""
@@ -95,7 +108,9 @@ class NodeLauncher:
             r = state["registration"]
             yield self._row(node_id, r)
             return
-        workdir = tempfile.mkdtemp(prefix=f"dataplane-{config.cluster_id}-node{node_id}-")
+        workdir = tempfile.mkdtemp(
+            prefix=f"dataplane-{config.cluster_id}-node{node_id}-", dir=work_root(os.environ, node_id)
+        )
         with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
             f.write(self.payload)
         config_path = os.path.join(workdir, "config.json")

@@ -55,3 +55,13 @@ def node_processes(cluster_id: str) -> list[int]:
         if "dataplane.node.process" in cmd and f"dataplane-{cluster_id}-" in cmd and alive(int(d)):
             out.append(int(d))
     return out
+
+
+def node_workdirs(cluster_id: str, node: str = "*") -> list[str]:
+    """The work directories of a cluster's nodes started by this test session's local Spark:
+    in its ``spark.local.dir`` (the JVM's temp directory, /tmp) or the system temp directory."""
+    import glob
+    import tempfile
+
+    roots = dict.fromkeys([tempfile.gettempdir(), "/tmp"])
+    return sorted(p for r in roots for p in glob.glob(os.path.join(r, f"dataplane-{cluster_id}-node{node}-*")))

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
 import time
 
 import pytest
 
 import dataplane
 from dataplane.errors import NodeError
-from tests.dataplane.clusterutil import wait_gone, wait_json
+from tests.dataplane.clusterutil import node_workdirs, wait_gone, wait_json
 from tests.dataplane.loop_mains import cache_main
 
 pytestmark = pytest.mark.cluster
@@ -29,7 +28,7 @@ def _frame(spark, start: int, rows: int, parts: int):  # type: ignore[no-untyped
 
 
 def _spill_files(cluster) -> list[str]:  # type: ignore[no-untyped-def]
-    return glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dataplane-{cluster.cluster_id}-node*", "cache", "*.arrow"))
+    return [f for d in node_workdirs(cluster.cluster_id) for f in glob.glob(os.path.join(d, "cache", "*.arrow"))]
 
 
 def test_cached_shuffled_epochs_with_validation_on_two_workers(spark, tmp_path):
@@ -134,7 +133,7 @@ def test_a_node_killed_during_a_cached_replay_fails_train_quickly(spark, tmp_pat
             if m[victim.node_id]["epochs_consumed"] >= 1 and m[victim.node_id]["rows_out"] > 0:
                 break
             time.sleep(0.2)
-        workdirs = glob.glob(os.path.join(tempfile.gettempdir(), f"dataplane-{cluster.cluster_id}-node{victim.node_id}-*"))
+        workdirs = node_workdirs(cluster.cluster_id, str(victim.node_id))
         assert len(workdirs) == 1 and os.path.exists(os.path.join(workdirs[0], "config.json")), workdirs
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()

@@ -57,3 +57,18 @@ def test_run_takes_its_defaults_from_the_node_config():
     for name in ("buffer_bytes", "cache_bytes", "heartbeat_interval", "heartbeat_timeout",
                  "reservation_timeout", "stop_grace"):
         assert params[name].default == getattr(NodeConfig, name), name
+
+
+def test_node_work_dirs_go_to_spark_local_dirs_spread_by_node(tmp_path):
+    # a cache spilling gigabytes belongs on the disks given to spark.local.dir, not in /tmp;
+    # Python workers get the executor's block manager dirs in SPARK_LOCAL_DIRS
+    from dataplane.node.launcher import work_root
+
+    disks = [tmp_path / "d1", tmp_path / "d2"]
+    for d in disks:
+        (d / "blockmgr-1").mkdir(parents=True)
+    env = {"SPARK_LOCAL_DIRS": f"{disks[0]}/blockmgr-1,{disks[1]}/blockmgr-1/"}
+    assert [work_root(env, i) for i in range(3)] == [str(disks[0]), str(disks[1]), str(disks[0])]
+    # outside Spark, or with a local dir gone: the system temp directory
+    assert work_root({}, 0) is None
+    assert work_root({"SPARK_LOCAL_DIRS": str(tmp_path / "gone" / "blockmgr-1")}, 0) is None
