@@ -28,6 +28,8 @@ __all__ = ["Cluster"]
 
 logger = logging.getLogger(__name__)
 
+MWMS_HINT_AFTER = 15.0  # seconds a busy main may run beside returned ones before the save hint
+
 
 class Cluster:
     """A running set of TF nodes (returned by :func:`dataplane.run`); use as a context manager."""
@@ -337,9 +339,12 @@ class Cluster:
         busy, once ``deadline`` has passed.
         """
         next_note = deadline
+        mixed_since: float | None = None  # since when some workers' mains returned, others busy
         while True:
             busy: list[int] = []
             polling: list[int] = []
+            snap = self._control.snapshot()
+            returned = [n.node_id for n in self.topology.workers if snap[n.node_id].done]  # type: ignore[union-attr]
             for n in self._live_workers():
                 try:
                     m = self._node_action(n, "metrics", {}, timeout=5.0)
@@ -352,6 +357,9 @@ class Cluster:
             if not busy or self._node_failure() is not None:
                 return
             now = time.monotonic()
+            if returned and mixed_since is None:
+                mixed_since = now
+                next_note = min(next_note, now + MWMS_HINT_AFTER)
             if now >= deadline and len(polling) == len(busy):
                 logger.warning(
                     "shutdown: node(s) %s were still running main when the timeout ran out; "
@@ -360,10 +368,20 @@ class Cluster:
                 )
                 return
             if now >= next_note:
+                alone = ""
+                if returned:
+                    # MWMS: a collective step taken by some workers only never completes
+                    alone = (
+                        f" The main of node(s) {returned} has returned: under "
+                        f"MultiWorkerMirroredStrategy a step every worker must take (model.save "
+                        f"to .keras or a SavedModel, evaluate, predict) waits forever when only "
+                        f"some take it. Save with ctx.save_model(model, path) on every worker "
+                        f"(the chief writes path) instead of model.save on the chief alone."
+                    )
                 logger.warning(
                     "shutdown: waiting for node(s) %s, whose main is still running (training in "
-                    "pull mode, saving a model...); it is left to finish. Ctrl-C stops the nodes "
-                    "now.", sorted(set(busy) - set(polling)),
+                    "pull mode, saving a model...); it is left to finish.%s Ctrl-C stops the "
+                    "nodes now.", sorted(set(busy) - set(polling)), alone,
                 )
                 next_note = now + 60.0
             time.sleep(0.25)

@@ -254,6 +254,30 @@ class NodeContext:
             except BaseException as e:  # noqa: BLE001 - handed to the caller of inference
                 fut.set_exception(e)
 
+    def save_model(self, model: Any, path: str, **kwargs: Any) -> str | None:
+        """Save a Keras model the way MultiWorkerMirroredStrategy needs: call it on every chief
+        and worker. The chief writes ``path``; every other worker writes a throwaway copy to a
+        temporary directory, removed at once.
+
+        Under that strategy ``model.save`` (``.keras`` or SavedModel) reads variables with
+        collective ops, so called on the chief alone it waits for the other workers forever.
+        ``kwargs`` go to ``model.save``. Returns ``path`` on the chief, None elsewhere.
+        """
+        import shutil
+        import tempfile
+
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"save_model needs a path (str), got {path!r}")
+        if self.role == "chief" or self.num_workers <= 1:
+            model.save(path, **kwargs)
+            return path
+        scratch = tempfile.mkdtemp(prefix="dataplane-discarded-save-")
+        try:
+            model.save(os.path.join(scratch, posixpath.basename(path.rstrip("/")) or "model"), **kwargs)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+
     def absolute_path(self, path: str) -> str:
         """Qualify ``path`` against the cluster's default filesystem.
 

@@ -209,3 +209,23 @@ def print_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     sys.stdout.write("last words, no newline")
     if ctx.role == args.get("raise_on"):
         raise ValueError("boom from " + ctx.role)
+
+
+def save_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Two MWMS workers fit one epoch and save with ctx.save_model; the chief then stays busy
+    alone for ``args["linger"]`` s, as a chief-only ``model.save`` would (it never returns)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(8),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(ctx.dataset(16, features="x", label="y"), epochs=1, verbose=0)
+    saved = ctx.save_model(model, os.path.join(args["dir"], "model.keras"))
+    _write(os.path.join(args["dir"], f"node{ctx.node_id}.json"),
+           {"saved": saved, "weights": [np.asarray(w).tolist() for w in model.get_weights()]})
+    if ctx.role == "chief":
+        time.sleep(args["linger"])

@@ -225,3 +225,32 @@ def test_log_tail_sends_whole_lines_then_the_rest(tmp_path):
     text = tail.take(final=True)
     assert text.startswith("[... 13 bytes of this node's log not forwarded ...]\n")
     assert text.endswith("xend") and len(text.split("\n", 1)[1]) == FINAL_BYTES
+
+
+def test_a_model_saved_on_every_worker_and_a_chief_left_working_alone(spark, tmp_path, monkeypatch, caplog):
+    # model.save on the chief alone under MWMS waits for the other workers forever (.keras and
+    # SavedModel read variables with collectives), and shutdown waited with it, saying only
+    # "its main is still running"
+    import numpy as np
+
+    import dataplane.driver.cluster as cluster_module
+    from tests.dataplane.mains import save_main
+
+    monkeypatch.setattr(cluster_module, "MWMS_HINT_AFTER", 1.0)
+    df = spark.createDataFrame([([float(i % 7), 1.0, 2.0, 3.0], float(i % 5)) for i in range(256)],
+                               "x array<float>, y float")
+    with caplog.at_level("WARNING", logger="dataplane.driver.cluster"):
+        with dataplane.run(spark, save_main, {"dir": str(tmp_path), "linger": 6}, num_nodes=2) as c:
+            c.train(df, 1)
+    chief, worker = (wait_json(tmp_path / f"node{i}.json") for i in (0, 1))
+    path = str(tmp_path / "model.keras")
+    assert chief["saved"] == path and worker["saved"] is None
+    import tf_keras
+
+    loaded = tf_keras.models.load_model(path)
+    for got, want in zip(loaded.get_weights(), chief["weights"]):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-6)
+    assert len(loaded.get_weights()) == 8  # BatchNormalization's moving statistics included
+    hints = [r.getMessage() for r in caplog.records if "ctx.save_model(model, path)" in r.getMessage()]
+    assert len(hints) == 1, [r.getMessage() for r in caplog.records]
+    assert "waiting for node(s) [0]" in hints[0] and "The main of node(s) [1] has returned" in hints[0]
