@@ -77,9 +77,13 @@ class _FitMain:
 
     def __call__(self, args: argparse.Namespace, ctx: Any) -> None:
         model = self.train_fn(args, ctx)
-        if model is not None and ctx.role == "chief":
+        if model is None:
+            return
+        if ctx.role == "chief":
             os.makedirs(os.path.dirname(args.model_path), exist_ok=True)
-            model.save(args.model_path)
+        # every worker saves (the others to a discarded copy): under
+        # MultiWorkerMirroredStrategy a save on the chief alone never returns
+        if ctx.save_model(model, args.model_path) is not None:
             logger.info("chief saved the trained model to %s", args.model_path)
 
 

@@ -94,9 +94,29 @@ def _assemble(arrays: dict[str, np.ndarray], cols: Sequence[str], shape: Sequenc
     return _fit_input(np.concatenate(parts, axis=1), shape, f"columns {list(cols)}")
 
 
-def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
+def _keras_of(path: str) -> Any:
+    """The Keras that wrote ``path``: ``tf_keras`` for a ``.keras`` file whose metadata says
+    Keras 2 (what multi-worker programs train with), else Keras 3, which cannot read every
+    such file (a BatchNormalization layer's config, for one)."""
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            version = str(json.loads(z.read("metadata.json")).get("keras_version", ""))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        version = ""
+    if version.startswith("2."):
+        import tf_keras
+
+        return tf_keras
     import keras
 
+    return keras
+
+
+def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
+    keras = _keras_of(path)
     try:
         model = keras.models.load_model(path, compile=False)
     except (ValueError, OSError) as exc:
@@ -131,7 +151,7 @@ def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) ->
                 f"Rename columns (df.withColumnRenamed) or pass input_cols={names}."
             )
     shapes = [tuple(t.shape) for t in inputs]
-    dtypes = [str(getattr(t, "dtype", "float32")) for t in inputs]
+    dtypes = [_dtype_name(getattr(t, "dtype", "float32")) for t in inputs]
 
     def fn(arrays: dict[str, np.ndarray]) -> np.ndarray:
         if len(inputs) == 1:
@@ -144,7 +164,12 @@ def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) ->
         return np.asarray(model.predict_on_batch(x[0] if len(x) == 1 else x))
 
     out = outputs[0]
-    return Predictor(fn, output_shape=tuple(out.shape)[1:], output_dtype=str(out.dtype))
+    return Predictor(fn, output_shape=tuple(out.shape)[1:], output_dtype=_dtype_name(out.dtype))
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``"float32"`` from Keras 3's string or tf_keras' ``tf.DType``."""
+    return str(getattr(dtype, "name", dtype))
 
 
 def _saved_model_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:

@@ -94,6 +94,25 @@ def test_savedmodel_directory(frame, models):
                                rtol=1e-5, atol=1e-6)
 
 
+def test_a_model_saved_by_tf_keras_with_batch_normalization(frame, models, tmp_path):
+    # what a multi-worker program trains and saves (tf_keras, since Keras 3's fit does not run
+    # under MultiWorkerMirroredStrategy); Keras 3 cannot load its BatchNormalization config
+    import tf_keras
+
+    _, x, _ = models
+    tf_keras.utils.set_random_seed(5)
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(6),
+                                 tf_keras.layers.BatchNormalization(), tf_keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    model.fit(x, np.ones((ROWS, 2), np.float32), epochs=1, verbose=0)  # moving stats move
+    path = str(tmp_path / "mwms.keras")
+    model.save(path)
+    out = predict(frame, path, input_cols=["vec"])
+    got = _by_id(out, "prediction")
+    np.testing.assert_allclose(np.array([got[i] for i in range(ROWS)]), model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_intermediate_layer_features(frame, models):
     paths, _, ref = models
     out = predict(frame, paths["clf"], input_cols=["vec"], output_col="emb", layer="dense_1")
