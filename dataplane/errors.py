@@ -35,6 +35,7 @@ __all__ = [
     "ClusterStateError",
     "NotServing",
     "error_summary",
+    "known_fix",
 ]
 
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
@@ -68,6 +69,28 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
         out.append(ln)
     summary = "\n".join(out)
     return summary if len(summary) <= max_chars else summary[: max_chars - 3] + "..."
+
+
+# TensorFlow errors whose message does not say what the program should do differently here:
+# (every text the traceback must hold, the fix)
+_KNOWN_FIXES = (
+    (("Collective ops must be configured at program startup",),
+     "Create tf.distribute.MultiWorkerMirroredStrategy() first thing in main, before "
+     "ctx.dataset() or any other TensorFlow op (TF_CONFIG is already set when main starts)."),
+    (("Attempt to convert a value (PerReplica", "/keras/src/"),
+     "Keras 3's fit does not run under MultiWorkerMirroredStrategy on this TensorFlow: use "
+     "Keras 2 (import tf_keras as keras; installed with this package), or set "
+     "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported."),
+)
+
+
+def known_fix(traceback_text: str) -> str | None:
+    """What to do about a failure TensorFlow explains poorly, from its traceback; else None."""
+    text = str(traceback_text)
+    for needles, fix in _KNOWN_FIXES:
+        if all(n in text for n in needles):
+            return fix
+    return None
 
 
 # lines after an error's first line that are not its message: a chained traceback, TF's

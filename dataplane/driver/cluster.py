@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
-from dataplane.errors import ClusterStateError, NodeError, error_summary
+from dataplane.errors import ClusterStateError, NodeError, error_summary, known_fix
 from dataplane.driver.feed import Feeder, FeedReport, add_data_notes
 from dataplane.driver.sparkjobs import SparkJob
 from dataplane.topology import NodeInfo, Topology
@@ -318,8 +318,10 @@ class Cluster:
                 info = self.topology.node(nid) if self.topology else None
                 name = info.describe() if info else f"node {nid}"
                 if st.done and not st.ok:
+                    fix = known_fix(st.traceback)
                     return NodeError(
-                        f"{name}: main raised:\n{error_summary(st.traceback)}",
+                        f"{name}: main raised:\n{error_summary(st.traceback)}"
+                        + (f"\n{fix}" if fix else ""),
                         node=info, remote_traceback=st.traceback,
                     )
                 if include_lost and not st.exited and now - st.last_seen > self._node_timeout:

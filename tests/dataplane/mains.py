@@ -229,3 +229,13 @@ def save_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
            {"saved": saved, "weights": [np.asarray(w).tolist() for w in model.get_weights()]})
     if ctx.role == "chief":
         time.sleep(args["linger"])
+
+
+def late_strategy_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Builds the dataset before MultiWorkerMirroredStrategy, as many first programs do."""
+    import tensorflow as tf
+
+    ds = ctx.dataset(32)
+    tf.distribute.MultiWorkerMirroredStrategy()
+    for _ in ds:
+        pass

@@ -103,3 +103,21 @@ def test_data_notes_name_an_empty_pass_only_when_there_was_one():
     add_data_notes(err, notes)
     add_data_notes(err, notes)  # the same error raised again by shutdown: said once
     assert str(err) == f"node 0: main raised:\nValueError: boom\nThe data may be why: {notes[0]}"
+
+
+def test_known_tensorflow_failures_get_their_fix():
+    from dataplane.errors import known_fix
+
+    # Keras 3's fit under MultiWorkerMirroredStrategy (TF 2.21), as a node reports it
+    keras3 = (
+        'Traceback (most recent call last):\n  File "/n/main.py", line 13, in main\n'
+        "    m.fit(ds, epochs=1, verbose=0)\n"
+        '  File "/v/site-packages/keras/src/utils/traceback_utils.py", line 122, in error_handler\n'
+        "    raise e.with_traceback(filtered_tb) from None\n"
+        "ValueError: Attempt to convert a value (PerReplica:{\n  0: <tf.Tensor: shape=(16, 4)>\n"
+        "}) with an unsupported type (<class 'tensorflow.python.distribute.values.PerReplica'>) to a Tensor.\n"
+    )
+    assert "import tf_keras as keras" in known_fix(keras3)
+    # the same error from tf_keras' own code is something else
+    assert known_fix(keras3.replace("/keras/src/", "/tf_keras/src/")) is None
+    assert known_fix("ValueError: shapes (None, 3) and (None, 4) are incompatible") is None

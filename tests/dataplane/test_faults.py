@@ -348,3 +348,22 @@ def test_a_main_failing_on_a_pass_without_rows_is_told_why(spark, rows):
             "none, so every worker yielded none (each yields the smallest worker's share); push "
             "at least one row per worker.")
     wait_gone(pids, 15)
+
+
+def test_a_strategy_made_after_the_dataset_is_told_how_to_order_them(spark):
+    # TensorFlow only says "Collective ops must be configured at program startup"
+    from tests.dataplane.mains import late_strategy_main
+
+    cluster = dataplane.run(spark, late_strategy_main, {}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    with pytest.raises(NodeError) as info:
+        cluster.train(make_df(spark, 100, 2))
+    lines = str(info.value).splitlines()
+    assert lines[1:] == [
+        "RuntimeError: Collective ops must be configured at program startup",
+        "Create tf.distribute.MultiWorkerMirroredStrategy() first thing in main, before "
+        "ctx.dataset() or any other TensorFlow op (TF_CONFIG is already set when main starts).",
+    ], lines
+    with pytest.raises(NodeError):
+        cluster.shutdown(timeout=20)
+    wait_gone(pids, 15)
