@@ -153,7 +153,9 @@ class NodeContext:
         pushed DataFrame's schema).
 
         Args:
-            batch_size: rows per batch (default 128, a common Keras default).
+            batch_size: rows per batch (default 128, a common Keras default). Under
+                MultiWorkerMirroredStrategy Keras splits each batch over the workers (it is
+                the global batch): a step trains on ``batch_size / num_workers`` rows a worker.
             features: columns to yield, as a dict of tensors (default: every column but
                 ``label``). One column name (``features="image"``) yields that column's
                 tensor itself, as a model with one input takes it.
