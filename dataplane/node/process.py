@@ -125,6 +125,8 @@ class _Node:
         self.buffer = None
         # what the node prints, for the driver to show (run(log_to_driver=True))
         self.log_tail = LogTail(os.path.join(self.workdir, "node.log")) if self.cfg.log_to_driver else None
+        self._log_lock = threading.Lock()  # one message with log text in flight: lines stay in order
+        self._log_unsent = ""  # text of a message that did not arrive; goes with the next one
 
     def _log_text(self, *, final: bool = False) -> dict[str, str]:
         """``{"log": text}`` with what the node wrote since the last call, or ``{}``."""
@@ -138,6 +140,23 @@ class _Node:
                     pass
         text = self.log_tail.take(final=final)
         return {"log": text} if text else {}
+
+    def _send_with_log(self, client, name: str, body: dict[str, Any], *, timeout: float,  # type: ignore[no-untyped-def]
+                       final: bool = False) -> dict[str, Any]:
+        """Send control action ``name`` carrying what the node wrote since the last message.
+
+        One such message at a time, so the driver prints the lines in the order written (a
+        heartbeat and ``done`` could otherwise overtake each other); the text of one that
+        fails goes with the next.
+        """
+        with self._log_lock:
+            text = (self._log_unsent + self._log_text(final=final).get("log", ""))[-FINAL_BYTES:]
+            self._log_unsent = ""
+            try:
+                return self._action(client, name, {**body, "log": text} if text else body, timeout=timeout)
+            except Exception:
+                self._log_unsent = text
+                raise
 
     # -- helpers ----------------------------------------------------------------------------
     def _tell_launcher(self, msg: dict[str, Any]) -> None:
@@ -213,13 +232,9 @@ class _Node:
         timeout = float(self.cfg.heartbeat_timeout)
         client = self._driver()
         last_ok = time.monotonic()
-        unsent = ""  # log text of a beat that did not arrive goes with the next one
         while not self.driver_lost.is_set():
             try:
-                unsent = (unsent + self._log_text().get("log", ""))[-FINAL_BYTES:]
-                body = {"log": unsent} if unsent else {}
-                reply = self._action(client, "heartbeat", body, timeout=max(interval * 3, 3.0))
-                unsent = ""
+                reply = self._send_with_log(client, "heartbeat", {}, timeout=max(interval * 3, 3.0))
                 last_ok = time.monotonic()
                 if reply.get("stop"):
                     self.request_stop()
@@ -318,7 +333,7 @@ class _Node:
         if not self.main_finished.wait(float(self.cfg.stop_grace)):
             logger.warning("node %d: main did not return after stop; exiting anyway", self.node_id)
             try:
-                self._action(self._driver(), "done", {"exiting": True, **self._log_text(final=True)}, timeout=5.0)
+                self._send_with_log(self._driver(), "done", {"exiting": True}, timeout=5.0, final=True)
             except Exception:  # noqa: BLE001 - the driver may already be gone
                 pass
             self._hard_exit(0)
@@ -412,10 +427,10 @@ class _Node:
             )
         self.buffer.consumer_finished()
         self.main_finished.set()
-        done = {"ok": ok, "traceback": tb_text[-20000:], **self._log_text(final=True)}
+        done = {"ok": ok, "traceback": tb_text[-20000:]}
         for _ in range(3):
             try:
-                reply = self._action(client, "done", done, timeout=10.0)
+                reply = self._send_with_log(client, "done", done, timeout=10.0, final=True)
                 if reply.get("stop"):
                     self.request_stop()
                 break
@@ -428,7 +443,7 @@ class _Node:
                 s.close()
         self._kill_tensorboard()
         try:
-            self._action(client, "done", {"exiting": True, **self._log_text(final=True)}, timeout=5.0)
+            self._send_with_log(client, "done", {"exiting": True}, timeout=5.0, final=True)
         except Exception:  # noqa: BLE001 - the driver may already be gone
             pass
         if self.server is not None:

@@ -227,6 +227,60 @@ def test_log_tail_sends_whole_lines_then_the_rest(tmp_path):
     assert text.endswith("xend") and len(text.split("\n", 1)[1]) == FINAL_BYTES
 
 
+def test_log_text_reaches_the_driver_in_the_order_written(tmp_path):
+    # a heartbeat and the node's "done" each carry new log text; sent from two threads they
+    # could overtake each other, and the driver printed the last lines before earlier ones
+    import threading
+
+    from dataplane.node.logtail import LogTail
+    from dataplane.node.process import _Node
+
+    node = object.__new__(_Node)
+    node.log_tail = LogTail(str(tmp_path / "node.log"))
+    node._log_lock = threading.Lock()
+    node._log_unsent = ""
+    sent: list[tuple[str, str]] = []
+    beat_in_flight, release_beat = threading.Event(), threading.Event()
+    fail_next = []
+
+    def action(client, name, body, timeout):  # type: ignore[no-untyped-def]
+        if fail_next:
+            fail_next.pop()
+            raise ConnectionError("driver busy")
+        if name == "heartbeat":
+            beat_in_flight.set()
+            assert release_beat.wait(10)
+        sent.append((name, body.get("log", "")))
+        return {}
+
+    node._action = action
+    log = tmp_path / "node.log"
+    log.write_text("epoch 1\n")
+    beat = threading.Thread(target=node._send_with_log, args=(None, "heartbeat", {}), kwargs={"timeout": 1})
+    beat.start()
+    assert beat_in_flight.wait(10)
+    with open(log, "a") as f:
+        f.write("epoch 2\nsaved")
+    done = threading.Thread(target=node._send_with_log, args=(None, "done", {"ok": True}),
+                            kwargs={"timeout": 1, "final": True})
+    done.start()
+    done.join(0.5)
+    assert done.is_alive()  # waits for the heartbeat carrying the earlier lines
+    release_beat.set()
+    beat.join(10)
+    done.join(10)
+    assert sent == [("heartbeat", "epoch 1\n"), ("done", "epoch 2\nsaved")]
+
+    # a message that does not arrive hands its text to the next one
+    with open(log, "a") as f:
+        f.write("\nlost?\n")
+    fail_next.append(True)
+    with pytest.raises(ConnectionError):
+        node._send_with_log(None, "heartbeat", {}, timeout=1)
+    node._send_with_log(None, "heartbeat", {}, timeout=1)
+    assert sent[-1] == ("heartbeat", "\nlost?\n")
+
+
 def test_a_model_saved_on_every_worker_and_a_chief_left_working_alone(spark, tmp_path, monkeypatch, caplog):
     # model.save on the chief alone under MWMS waits for the other workers forever (.keras and
     # SavedModel read variables with collectives), and shutdown waited with it, saying only
