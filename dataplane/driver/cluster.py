@@ -346,8 +346,9 @@ class Cluster:
             busy: list[int] = []
             polling: list[int] = []
             snap = self._control.snapshot()
-            returned = [n.node_id for n in self.topology.workers if snap[n.node_id].done]  # type: ignore[union-attr]
-            for n in self._live_workers():
+            workers = self.topology.workers  # type: ignore[union-attr]
+            returned = [n.node_id for n in workers if snap[n.node_id].done]
+            for n in (n for n in workers if not snap[n.node_id].done):
                 try:
                     m = self._node_action(n, "metrics", {}, timeout=5.0)
                 except NodeError:

@@ -189,8 +189,9 @@ class ControlServer(flight.FlightServerBase):
             return
         node_id = int(body.get("node_id", -1))
         who = f"node {node_id}"
-        if self.topology is not None and node_id in self.status:
-            who += f" {self.topology.node(node_id).role}"
+        with self._cond:
+            if self.topology is not None and node_id in self.status:
+                who += f" {self.topology.node(node_id).role}"
         lines = str(text).rstrip("\n").split("\n")
         out = "".join(f"[{who}] {line.rstrip(chr(13))}\n" for line in lines)
         try:
