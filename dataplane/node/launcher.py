@@ -30,8 +30,20 @@ __all__ = ["NodeLauncher", "NodeConfig", "LAUNCH_SCHEMA", "resolve_bind_host"]
 LAUNCH_SCHEMA = "node_id long, host string, flight_port long, pid long, hostname string"
 
 
+def node_malloc_env() -> dict[str, str]:
+    """glibc malloc settings for the node process: one arena per core.
+
+    The node frees every received chunk and batch soon after allocating it, from many threads
+    (gRPC's, TensorFlow's). With glibc's default of up to 8 arenas per core the freed memory
+    went back to the kernel and was faulted in and zeroed again, about 20% of the node's CPU
+    on a push (docs/design.md).
+    """
+    return {"MALLOC_ARENA_MAX": str(max(2, os.cpu_count() or 2))}
+
+
 def node_environment(env: dict[str, str], path: list[str]) -> dict[str, str]:
-    """The node process's environment: this task's, with the task's own import path added.
+    """The node process's environment: this task's, with the task's own import path added, and
+    :func:`node_malloc_env` where the task sets none of it.
 
     Spark puts ``--py-files`` / ``spark.submit.pyFiles`` / ``sc.addPyFile`` files, and the
     driver script's modules it ships, on the Python worker's ``sys.path`` at run time, not in
@@ -39,6 +51,7 @@ def node_environment(env: dict[str, str], path: list[str]) -> dict[str, str]:
     unpickle a ``main`` defined in one. Entries inside the interpreter's own prefix come back
     by themselves and are left out.
     """
+    env = {**env, **{k: v for k, v in node_malloc_env().items() if not env.get(k)}}
     own = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
     have = env.get("PYTHONPATH", "")
     known = set(have.split(os.pathsep)) if have else set()
