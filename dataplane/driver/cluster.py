@@ -341,7 +341,7 @@ class Cluster:
         busy, once ``deadline`` has passed.
         """
         next_note = deadline
-        mixed_since: float | None = None  # since when some workers' mains returned, others busy
+        hint_due = False  # some workers' mains returned while others run: the MWMS hint is timed
         while True:
             busy: list[int] = []
             polling: list[int] = []
@@ -360,8 +360,8 @@ class Cluster:
             if not busy or self._node_failure() is not None:
                 return
             now = time.monotonic()
-            if returned and mixed_since is None:
-                mixed_since = now
+            if returned and not hint_due:
+                hint_due = True
                 next_note = min(next_note, now + MWMS_HINT_AFTER)
             if now >= deadline and len(polling) == len(busy):
                 logger.warning(
