@@ -41,9 +41,15 @@ def node_malloc_env() -> dict[str, str]:
     return {"MALLOC_ARENA_MAX": str(max(2, os.cpu_count() or 2))}
 
 
-def node_environment(env: dict[str, str], path: list[str]) -> dict[str, str]:
-    """The node process's environment: this task's, with the task's own import path added, and
-    :func:`node_malloc_env` where the task sets none of it.
+def node_environment(env: dict[str, str], path: list[str], tmpdir: str | None = None) -> dict[str, str]:
+    """The node process's environment: this task's, with the task's own import path added,
+    :func:`node_malloc_env` where the task sets none of it, and ``TMPDIR`` = ``tmpdir``.
+
+    ``tmpdir`` is inside the node's work directory, which is removed however the node ends. A
+    node leaves with ``os._exit`` (a normal exit could wait forever on Flight handler threads),
+    so libraries' exit-time cleanup never runs: TensorFlow's autograph writes a module file per
+    function it converts to the temp directory and removes it only at exit, so every node left
+    a few in the executor's /tmp, every run, and so did anything ``main`` put in ``tempfile``.
 
     Spark puts ``--py-files`` / ``spark.submit.pyFiles`` / ``sc.addPyFile`` files, and the
     driver script's modules it ships, on the Python worker's ``sys.path`` at run time, not in
@@ -52,6 +58,8 @@ def node_environment(env: dict[str, str], path: list[str]) -> dict[str, str]:
     by themselves and are left out.
     """
     env = {**env, **{k: v for k, v in node_malloc_env().items() if not env.get(k)}}
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir
     own = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
     have = env.get("PYTHONPATH", "")
     known = set(have.split(os.pathsep)) if have else set()
@@ -128,9 +136,12 @@ class NodeLauncher:
             f.write(self.payload)
         config_path = os.path.join(workdir, "config.json")
         config.for_node(node_id, resolve_bind_host(config.bind_host)).save(config_path)
+        tmpdir = os.path.join(workdir, "tmp")
+        os.mkdir(tmpdir)
+        env = node_environment(dict(os.environ), list(sys.path), tmpdir)
         r_fd, w_fd = os.pipe()
         try:
-            spawn_detached(config_path, w_fd, node_environment(dict(os.environ), list(sys.path)))
+            spawn_detached(config_path, w_fd, env)
         finally:
             os.close(w_fd)
         msg = self._read_ready(r_fd, workdir, node_id)

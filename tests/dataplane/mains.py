@@ -47,6 +47,29 @@ def describe_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             time.sleep(0.1)
 
 
+def temp_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Leave temp files the way libraries and programs do: one of ours, and TensorFlow's
+    autograph module for a converted function (removed by TF only at a normal exit)."""
+    import tempfile
+
+    import tensorflow as tf
+
+    with tempfile.NamedTemporaryFile("w", suffix=".mine", delete=False) as f:
+        f.write("left behind")
+
+    @tf.function
+    def clipped(x):  # type: ignore[no-untyped-def]
+        if x > 0:  # a tensor condition: autograph converts the function
+            return x
+        return -x
+
+    value = float(clipped(tf.constant(-2.0)))
+    where = tempfile.gettempdir()
+    files = sorted(os.path.join(where, n) for n in os.listdir(where))
+    _write(os.path.join(args["dir"], f"node{ctx.node_id}.json"),
+           {"tempdir": where, "files": files, "value": value})
+
+
 def _predict(batch):  # type: ignore[no-untyped-def]
     # "mask": a [rows, 2, 3] answer of uint8, as a segmentation model gives
     mask = np.stack([batch["vec"], batch["vec"] + 1]).transpose(1, 0, 2).astype(np.uint8)

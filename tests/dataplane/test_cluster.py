@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 import urllib.request
@@ -10,8 +11,8 @@ import pytest
 
 import dataplane
 from dataplane.topology import assign_roles
-from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
-from tests.dataplane.mains import describe_main
+from tests.dataplane.clusterutil import node_processes, node_workdirs, wait_gone, wait_json
+from tests.dataplane.mains import describe_main, temp_main
 
 pytestmark = pytest.mark.cluster
 
@@ -74,6 +75,26 @@ def test_three_nodes_with_a_parameter_server(spark, tmp_path):
         assert infos[n.node_id]["num_workers"] == 2
     assert infos[by_role["ps"].node_id]["worker_index"] is None
     wait_gone([n.pid for n in nodes], 10)
+
+
+def test_a_nodes_temp_files_go_with_its_work_directory(spark, tmp_path):
+    # nodes end with os._exit, so exit-time cleanup (TensorFlow's autograph modules) never
+    # runs: before, every node left its temp files in the executor's /tmp, every run
+    with dataplane.run(spark, temp_main, {"dir": str(tmp_path)}, num_nodes=1) as cluster:
+        info = wait_json(tmp_path / "node0.json")
+        pids = [n.pid for n in cluster.nodes]
+        workdirs = node_workdirs(cluster.cluster_id)
+    assert info["value"] == 2.0
+    assert len(workdirs) == 1 and info["tempdir"] == os.path.join(workdirs[0], "tmp"), (info, workdirs)
+    names = [os.path.basename(f) for f in info["files"]]
+    assert any(n.endswith(".mine") for n in names), names
+    assert any(n.startswith("__autograph_generated_file") for n in names), names
+    wait_gone(pids, 10)
+    deadline = time.monotonic() + 10  # the reaper removes the directory after the node ends
+    while os.path.exists(workdirs[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [f for f in info["files"] if os.path.exists(f)] == []
+    assert not os.path.exists(workdirs[0])
 
 
 def test_roles_keep_the_evaluator_out_of_the_cluster_spec():

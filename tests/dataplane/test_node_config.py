@@ -74,7 +74,7 @@ def test_node_work_dirs_go_to_spark_local_dirs_spread_by_node(tmp_path):
     assert work_root({"SPARK_LOCAL_DIRS": str(tmp_path / "gone" / "blockmgr-1")}, 0) is None
 
 
-def test_node_environment_sets_glibc_arenas_unless_the_task_did():
+def test_node_environment_sets_arenas_unless_the_task_did_and_a_tmpdir_of_its_own():
     # the node frees every received chunk from many threads; with glibc's default of up to 8
     # arenas per core the memory went back to the kernel and was faulted in and zeroed again
     from dataplane.node.launcher import node_environment
@@ -83,5 +83,7 @@ def test_node_environment_sets_glibc_arenas_unless_the_task_did():
     assert node_environment({"PATH": "/bin"}, []) == {"PATH": "/bin", "MALLOC_ARENA_MAX": arenas}
     assert node_environment({"MALLOC_ARENA_MAX": "8"}, [])["MALLOC_ARENA_MAX"] == "8"  # the user's wins
     assert node_environment({"MALLOC_ARENA_MAX": ""}, [])["MALLOC_ARENA_MAX"] == arenas  # empty: unset
+    # the node's temp files live in its work directory, which goes however the node ends
+    assert node_environment({"TMPDIR": "/big"}, [], "/w/node0/tmp")["TMPDIR"] == "/w/node0/tmp"
     mine = node_environment({"PYTHONPATH": "/a"}, ["/jobs/code.zip", "/a"])
     assert mine == {"PYTHONPATH": "/jobs/code.zip" + os.pathsep + "/a", "MALLOC_ARENA_MAX": arenas}
