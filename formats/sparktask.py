@@ -14,11 +14,21 @@ nothing, so from the second task in a (reused) worker on, the call is cheap agai
 behave exactly as before: the archives are read once and Spark never rewrites them while a
 worker runs (``addPyFile`` does not overwrite a file of the same name). The swap stays for the
 life of the worker process, so any later task in it, ours or not, gains too.
+
+It also points the worker's temp directory (``tempfile.tempdir``) into the executor's Spark
+scratch (a ``dataplane-tmp-<pid>`` directory in the first of ``SPARK_LOCAL_DIRS``, the block
+manager directories Spark removes when the executor stops). PySpark's workers end with
+``os._exit``, so exit-time cleanups never run, and TensorFlow's autograph writes a module file
+per function it converts (a model's call in ``dataplane.predict``, a trial's training in
+``dataplane.tune``) to the temp directory and removes it only at exit: each worker that ran
+one left a few files in the executor's ``/tmp``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import zipimport
 
 __all__ = ["prepare_task"]
@@ -38,8 +48,10 @@ def prepare_task() -> None:
 
     Call it at the start of a task function. It costs microseconds once the swap is done (a
     scan of ``sys.path_importer_cache``) and does nothing on Python 3.12+ or outside a worker
-    with zip archives on its path.
+    with zip archives on its path. Also moves the worker's temp files into Spark's scratch
+    (the module's docstring says why); outside a Spark worker that part does nothing.
     """
+    _temp_in_spark_scratch()
     if not _AFFECTED:
         return
     cache = sys.path_importer_cache
@@ -51,3 +63,17 @@ def prepare_task() -> None:
             cache[path] = _StableZipImporter(path)
         except (zipimport.ZipImportError, OSError):
             continue
+
+
+def _temp_in_spark_scratch() -> None:
+    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip()
+    if not local or not os.path.isdir(local):
+        return
+    mine = os.path.join(local, f"dataplane-tmp-{os.getpid()}")  # a forked worker: its own
+    if tempfile.tempdir == mine:
+        return
+    try:
+        os.makedirs(mine, exist_ok=True)
+    except OSError:  # a read-only or full scratch disk: keep the system temp directory
+        return
+    tempfile.tempdir = mine

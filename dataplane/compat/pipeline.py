@@ -348,6 +348,9 @@ class _RunModel:
         import numpy as np
         import tensorflow as tf
 
+        from formats.sparktask import prepare_task
+
+        prepare_task()
         single_node_env(self.tf_args)
         args = self.args
         in_names = [tensor for _, tensor in sorted(args.input_mapping.items())]

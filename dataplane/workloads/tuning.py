@@ -112,6 +112,9 @@ def _read_path(path: str) -> Any:
 
 def _run_trial(payload: tuple[int, dict, Callable, TrialData, str]) -> dict[str, Any]:
     """Executor side: run one trial, never raise (a failure is a result)."""
+    from formats.sparktask import prepare_task
+
+    prepare_task()
     index, params, train_fn, data, metric = payload
     start = time.perf_counter()
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import zipfile
 import zipimport
@@ -80,3 +81,34 @@ def test_spark_worker_zip_importers_are_swapped(spark):
             assert after == 0 and before >= after
         else:
             assert after == before
+
+
+def test_spark_worker_temp_files_go_to_spark_scratch(spark):
+    # PySpark's workers end with os._exit: TensorFlow's autograph modules, written to the temp
+    # directory and removed only at exit, piled up in the executors' /tmp
+    def task(_rows):
+        import os
+        import tempfile
+
+        from formats.sparktask import prepare_task
+
+        prepare_task()
+        with tempfile.NamedTemporaryFile() as f:
+            yield os.environ["SPARK_LOCAL_DIRS"], tempfile.gettempdir(), f.name, os.getpid()
+
+    rows = spark.sparkContext.parallelize(range(2), 2).mapPartitions(task).collect()
+    assert len(rows) == 2
+    for local_dirs, where, name, pid in rows:
+        scratch = local_dirs.split(",")[0]
+        assert where == os.path.join(scratch, f"dataplane-tmp-{pid}"), (where, local_dirs)
+        assert os.path.dirname(name) == where
+        assert os.path.basename(scratch).startswith("blockmgr-")  # Spark removes it at stop
+
+
+def test_outside_spark_the_temp_directory_is_left_alone(monkeypatch):
+    import tempfile
+
+    monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    before = tempfile.gettempdir()
+    sparktask.prepare_task()
+    assert tempfile.gettempdir() == before
