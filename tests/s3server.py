@@ -51,6 +51,7 @@ class S3Server:
     process: subprocess.Popen | None = None
     workdir: Path | None = None
     log_path: Path | None = None
+    sockets: list[Path] = field(default_factory=list)  # weed's own, always in /tmp
     _buckets: set[str] = field(default_factory=set)
 
     def env(self, *, access_key: str | None = None, secret_key: str | None = None) -> dict[str, str]:
@@ -108,6 +109,8 @@ class S3Server:
         self.process = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        for sock in self.sockets:
+            sock.unlink(missing_ok=True)
 
 
 def _weed_binary() -> str:
@@ -180,7 +183,7 @@ def start_s3_server(workdir: Path, *, timeout: float = 60.0) -> S3Server:
         "s3", "s3_grpc", "metrics",
     )}
     cmd = [
-        _weed_binary(), "server",
+        _weed_binary(), f"-logdir={workdir}", "server",
         "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         f"-dir={data}",
         f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
@@ -209,6 +212,8 @@ def start_s3_server(workdir: Path, *, timeout: float = 60.0) -> S3Server:
         process=proc,
         workdir=workdir,
         log_path=log_path,
+        sockets=[Path(f"/tmp/seaweedfs-{kind}-grpc-{ports[kind + '_grpc']}.sock")
+                 for kind in ("master", "volume", "filer", "s3")],
     )
     _wait_ready(server, time.monotonic() + timeout)
     return server
