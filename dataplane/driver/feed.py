@@ -239,9 +239,7 @@ class Feeder:
                 f"{what} got a DataFrame with no columns; select the feature and label columns "
                 f"to push (df.select('features', 'label'))."
             )
-        from formats.schema import column_specs
-
-        column_specs(schema)  # unsupported column types fail here, naming the column
+        _check_column_types(schema, what)
         scan = self._jobs.shapes(df, schema)
         if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
             logger.warning(_empty_message(name))
@@ -590,3 +588,24 @@ class Feeder:
         from dataplane.driver.inference import inference
 
         return inference(self, df, **kw)
+
+
+def _check_column_types(schema: pa.Schema, what: str) -> None:
+    """Every column must have a TensorFlow type: the pushing job sends them all. The error
+    names the first bad column, says how to convert it, and lists every column that cannot
+    go, for the program that reads only some columns to drop the rest."""
+    from formats.schema import column_specs
+
+    bad: list[tuple[str, SchemaError]] = []
+    for f in schema:
+        try:
+            column_specs(pa.schema([f]))
+        except SchemaError as e:
+            bad.append((f.name, e))
+    if bad:
+        names = ", ".join(repr(n) for n, _ in bad)
+        raise SchemaError(
+            f"{bad[0][1]} {what} pushes every column of the DataFrame; if main does not read "
+            f"{'it' if len(bad) == 1 else 'them'}, leave {'it' if len(bad) == 1 else 'them'} out: "
+            f"df.drop({names})."
+        )

@@ -70,7 +70,11 @@ CASES = [
     Case(TR, "map-column", _train("SELECT id, map('a', id) AS m FROM range(10)"),
          SchemaError, ("'m'",)),
     Case(TR, "decimal-column", _train("SELECT id, CAST(id AS DECIMAL(10, 2)) AS d FROM range(10)"),
-         SchemaError, ("'d'",)),
+         SchemaError, ("'d'", "cast('double')", "leave it out: df.drop('d')")),
+    Case(TR, "several-unpushable-columns",
+         _train("SELECT id, map('a', id) AS m, CAST(id AS FLOAT) AS f, named_struct('a', id) AS s "
+                "FROM range(10)"),
+         SchemaError, ("column 'm'", "map_keys()", "pushes every column", "df.drop('m', 's')")),
     Case(TR, "struct-column", _train("SELECT id, named_struct('a', id) AS s FROM range(10)"),
          SchemaError, ("'s'",)),
     Case(TR, "num-epochs-zero", _train(num_epochs=0), ValueError, ("num_epochs", "0")),
