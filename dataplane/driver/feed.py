@@ -535,7 +535,13 @@ class Feeder:
                     f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "
                     f"was still being pushed; {sum(returned.values())} row(s) were not consumed."
                 )
-                if all(states[nid].emitted == 0 for nid in returned):
+                if ep.split == "validation" and all(states[nid].emitted == 0 for nid in returned):
+                    msg = msg.replace(f"epoch {ep.epoch}:", f"epoch {ep.epoch} (validation):", 1) + (
+                        " Their main never read this validation epoch: read it with "
+                        "ctx.dataset(..., split='validation') (for fit(validation_data=...)), "
+                        "or leave validation= out of train()."
+                    )
+                elif all(states[nid].emitted == 0 for nid in returned):
                     msg += (
                         " Their main read fewer passes than train(num_epochs=...) pushed: "
                         "fit(epochs=) below num_epochs, or a Dataset.cache() over ctx.dataset "
