@@ -586,6 +586,10 @@ class Feeder:
     def tls_root(self) -> bytes | None:
         return self._tls_root
 
+    def few_tasks(self, df: Any) -> Any:
+        """``df`` in at most a few partitions per task slot (see ``PushJobs.as_pushed``)."""
+        return self._jobs.few_tasks(df)
+
     def live_workers(self) -> list[NodeInfo]:
         """The chief and workers whose main still runs."""
         return self._live_workers()

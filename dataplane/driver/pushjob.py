@@ -185,7 +185,12 @@ class PushJobs:
         """
         from formats.sparkframe import dense_vectors
 
-        return self._pushed.get(df, lambda: dense_vectors(df).coalesce(TASKS_PER_SLOT * self._concurrent_tasks()))
+        return self._pushed.get(df, lambda: self.few_tasks(dense_vectors(df)))
+
+    def few_tasks(self, df: Any) -> Any:
+        """``df`` in at most :data:`TASKS_PER_SLOT` partitions per task slot (``coalesce``:
+        never more partitions, no shuffle); see :meth:`as_pushed`."""
+        return df.coalesce(TASKS_PER_SLOT * self._concurrent_tasks())
 
     def _concurrent_tasks(self) -> int:
         """Task slots that may push at once (chunks are sized so that all of them together
