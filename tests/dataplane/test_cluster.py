@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 import urllib.request
@@ -54,6 +55,11 @@ def test_two_nodes_spec_tf_config_mwms_step_and_tensorboard(spark, tmp_path):
     assert node_processes(cluster_id) == []
     tb_port = int(url.rsplit(":", 1)[1])
     assert not _port_open("127.0.0.1", tb_port), "TensorBoard outlived the cluster"
+    # with no log_dir given the logs go to a new directory, which outlives the cluster (the
+    # user's to keep): the chief got it as ctx.log_dir, cluster.log_dir names it
+    assert os.path.basename(cluster.log_dir).startswith(f"dataplane-{cluster_id}-tb-")
+    assert infos[0]["log_dir"] == cluster.log_dir and os.path.isdir(cluster.log_dir)
+    shutil.rmtree(cluster.log_dir)
 
 
 def test_three_nodes_with_a_parameter_server(spark, tmp_path):
