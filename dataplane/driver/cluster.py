@@ -21,7 +21,7 @@ import pyarrow as pa
 from dataplane.driver.control import ControlServer
 from dataplane.errors import ClusterStateError, NodeError, error_summary, known_fix
 from dataplane.driver.feed import Feeder, FeedReport, add_data_notes
-from dataplane.driver.sparkjobs import SparkJob
+from dataplane.driver.sparkjobs import SparkJob, spark_stopped
 from dataplane.topology import NodeInfo, Topology
 
 __all__ = ["Cluster"]
@@ -277,6 +277,13 @@ class Cluster:
             err = self._node_failure()
             if err is not None:
                 raise err
+            if spark_stopped(self.spark):
+                raise ClusterStateError(
+                    f"cannot {what}: the SparkSession this cluster was started with has been "
+                    f"stopped (spark.stop()), and {what} runs Spark jobs on it. Stop Spark after "
+                    f"the cluster: leave the `with dataplane.run(...)` block (or call "
+                    f"cluster.shutdown()) first."
+                )
 
     def _live_workers(self) -> list[NodeInfo]:
         snap = self._control.snapshot()

@@ -21,6 +21,14 @@ def is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def spark_stopped(spark: Any) -> bool:
+    """True once ``spark.stop()`` has been called on this session (classic or Connect)."""
+    if is_connect(spark):
+        return bool(getattr(spark, "is_stopped", False))
+    sc = getattr(spark, "_sc", None)
+    return sc is None or getattr(sc, "_jsc", None) is None
+
+
 class PerDataFrame:
     """Values worked out once per live DataFrame object (by identity), so repeated
     ``train(df)`` calls on the same DataFrame neither rerun a Spark query nor build new plans.

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import dataplane
-from dataplane.errors import NodeError, SchemaError
+from dataplane.errors import ClusterStateError, NodeError, SchemaError
 from tests.badinput.catalogue import Case, Env, check, params
 from tests.dataplane.clusterutil import wait_gone
 from tests.dataplane.loop_mains import catalogue_main
@@ -59,6 +59,31 @@ def _infer(sql=GOOD, **kw):  # type: ignore[no-untyped-def]
     return build
 
 
+class _StoppedSession:
+    """What a classic SparkSession looks like after ``spark.stop()``: no JVM context."""
+
+    class _sc:  # noqa: N801 - stands in for the SparkContext attribute
+        _jsc = None
+
+
+def _after_spark_stop(call: str):  # type: ignore[no-untyped-def]
+    # the real session must keep running for the other tests: the cluster sees a stopped one
+    def build(env: Env):
+        cluster = env.request.getfixturevalue("cluster")
+        data = env.spark.sql(GOOD)
+
+        def run():  # type: ignore[no-untyped-def]
+            live, cluster.spark = cluster.spark, _StoppedSession()
+            try:
+                return cluster.train(data) if call == "train" else cluster.inference(data)
+            finally:
+                cluster.spark = live
+
+        return run
+
+    return build
+
+
 CASES = [
     Case(TR, "null-without-fill-value",
          _train("SELECT id, IF(id = 77, NULL, CAST(id AS FLOAT)) AS f, CAST(id AS DOUBLE) AS g "
@@ -91,6 +116,11 @@ CASES = [
          (lambda env: (lambda c=env.request.getfixturevalue("cluster"): c.train(
              env.spark.sql(GOOD), validation=env.spark.sql("SELECT map('a', 1) AS m")))),
          SchemaError, ("'m'",)),
+    Case(TR, "spark-session-stopped", _after_spark_stop("train"), ClusterStateError,
+         ("SparkSession", "spark.stop()", "with dataplane.run(", "cluster.shutdown()"),
+         within=5, after=_still_trains),
+    Case(INF, "spark-session-stopped", _after_spark_stop("inference"), ClusterStateError,
+         ("cannot inference", "spark.stop()"), within=5, after=_still_trains),
     Case(INF, "passthrough-not-a-column", _infer(passthrough=("nope",)), SchemaError,
          ("passthrough column 'nope'", "['id', 'f', 'g']")),
     Case(INF, "columns-not-a-column", _infer(columns=["f", "zz"]), SchemaError,

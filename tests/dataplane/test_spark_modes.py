@@ -59,7 +59,16 @@ _SCRIPT = textwrap.dedent(
                           passthrough=("row id", "vec tor")).collect()
         result["names"] = [rep.rows, sorted((r["row id"], r["out.sum"], r["vec tor"]) for r in ans)]
     result["names_seen"] = json.load(open(glob.glob(os.path.join(names, "node*.json"))[0]))
+    # Spark stopped before the cluster: train says so, and the cluster still shuts down
+    c = dataplane.run(spark, names_main, {"dir": os.path.join(out, "stopped")}, num_nodes=1)
+    result["pids"] += [n.pid for n in c.nodes]
     spark.stop()
+    try:
+        c.train(df, 1)
+        result["after_stop"] = "trained"
+    except Exception as e:
+        result["after_stop"] = [type(e).__name__, str(e)]
+    c.shutdown(timeout=30)
     print("RESULT " + json.dumps(result), flush=True)
     """
 )
@@ -93,6 +102,8 @@ def _run(mode: str, tmp_path) -> dict:
     for keys, rows in result["names_seen"]:
         assert keys == ["class-x", "row id", "sepal.length"]
         assert rows == {str(i): [float(i), i * 0.5, i % 3] for i in range(90)}
+    kind, text = result["after_stop"]
+    assert kind == "ClusterStateError" and "has been stopped (spark.stop())" in text, result["after_stop"]
     wait_gone(result["pids"], 15)
     return result
 
