@@ -270,8 +270,9 @@ class Cluster:
         self._state = "running"
 
     def _check_running(self, what: str) -> None:
+        doing = "run inference" if what == "inference" else what
         if self._state != "running":
-            raise ClusterStateError(f"cannot {what}: the cluster is {self._state}.")
+            raise ClusterStateError(f"cannot {doing}: the cluster is {self._state}.")
         if what in ("train", "inference"):
             # a node whose main failed makes every later call fail at once, with its error
             err = self._node_failure()
@@ -279,7 +280,7 @@ class Cluster:
                 raise err
             if spark_stopped(self.spark):
                 raise ClusterStateError(
-                    f"cannot {what}: the SparkSession this cluster was started with has been "
+                    f"cannot {doing}: the SparkSession this cluster was started with has been "
                     f"stopped (spark.stop()), and {what} runs Spark jobs on it. Stop Spark after "
                     f"the cluster: leave the `with dataplane.run(...)` block (or call "
                     f"cluster.shutdown()) first."

@@ -120,7 +120,7 @@ CASES = [
          ("SparkSession", "spark.stop()", "with dataplane.run(", "cluster.shutdown()"),
          within=5, after=_still_trains),
     Case(INF, "spark-session-stopped", _after_spark_stop("inference"), ClusterStateError,
-         ("cannot inference", "spark.stop()"), within=5, after=_still_trains),
+         ("cannot run inference", "spark.stop()"), within=5, after=_still_trains),
     Case(INF, "passthrough-not-a-column", _infer(passthrough=("nope",)), SchemaError,
          ("passthrough column 'nope'", "['id', 'f', 'g']")),
     Case(INF, "columns-not-a-column", _infer(columns=["f", "zz"]), SchemaError,
