@@ -376,34 +376,11 @@ def test_tensorflow_cache_over_the_feed_reads_one_pushed_epoch(spark, tmp_path):
         _stop(cluster, pids)
 
 
-def test_main_reading_only_the_validation_split(spark, tmp_path):
-    rows, val_rows = 700, 300
-    scenarios = [{"pattern": "validation_only", "read_epochs": 2, "batch_size": 16}]
-    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
-    workers = [n.node_id for n in cluster.nodes]
-    pids = [n.pid for n in cluster.nodes]
-    try:
-        before = _rows_out(cluster)
-        t0 = time.monotonic()
-        report = cluster.train(_frame(spark, 0, rows, 2), 2, FEED_TIMEOUT, cache=True,
-                               validation=_frame(spark, 100_000, val_rows, 2))
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
-        handed = _balanced(cluster, report, before)
-        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
-        _full_epochs(seen, workers, "validation", range(100_000, 100_000 + val_rows), 2)
-        assert handed == sum(len(e) for n in workers for e in seen[n]["validation"])
-        assert report.rows_per_split == {"train": 2 * rows, "validation": 2 * val_rows}
-        assert sum(report.rows_unconsumed.values()) == 2 * rows + 2 * val_rows - handed - report.dropped_for_balance
-    finally:
-        _stop(cluster, pids)
-
-
-def test_main_never_reading_the_validation_split_is_told_so(spark, tmp_path):
-    # train(validation=df) with a main that reads two training passes and returns: no wait,
-    # and the report says the validation rows went unread because main never asked for them
-    # (it used to say main "read fewer passes than train(num_epochs=...) pushed")
-    rows, val_rows = 700, 300
-    scenarios = [{"pattern": "return_early", "read_epochs": 2, "batch_size": 16}]
+def _one_split_read(spark, tmp_path, pattern: str, rows: int, val_rows: int, **train_kw):  # type: ignore[no-untyped-def]
+    """Two MWMS workers whose main reads one split only, two passes of 16-row batches; one
+    2-epoch train(validation=...) call that must return at once. Returns the report, the rows
+    the nodes handed to TensorFlow (books checked) and what each worker read."""
+    scenarios = [{"pattern": pattern, "read_epochs": 2, "batch_size": 16}]
     cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
     workers = [n.node_id for n in cluster.nodes]
     pids = [n.pid for n in cluster.nodes]
@@ -411,24 +388,42 @@ def test_main_never_reading_the_validation_split_is_told_so(spark, tmp_path):
         before = _rows_out(cluster)
         t0 = time.monotonic()
         report = cluster.train(_frame(spark, 0, rows, 2), 2, FEED_TIMEOUT,
-                               validation=_frame(spark, 100_000, val_rows, 2))
+                               validation=_frame(spark, 100_000, val_rows, 2), **train_kw)
         assert time.monotonic() - t0 < FEED_TIMEOUT / 2
         handed = _balanced(cluster, report, before)
         seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
-        _full_epochs(seen, workers, "train", range(rows), 2)
-        assert handed == sum(len(e) for n in workers for e in seen[n]["train"])
-        assert sum(report.rows_unconsumed.values()) == 2 * val_rows
-        e = report.epochs  # train, validation, train, validation
-        notes = {m.split(" (")[0].split(":")[0]: m for m in report.messages}
-        assert set(notes) == {f"epoch {e[1]}", f"epoch {e[3]}"}, report.messages
-        # the last one, after main returned; the first, depending on when the books were
-        # settled, as skipped by a new training pass or as unread when main returned
-        assert "never read this validation epoch" in notes[f"epoch {e[3]}"], report.messages
-        assert "leave validation= out of train()" in notes[f"epoch {e[3]}"]
-        assert all("split='validation'" in m for m in notes.values()), report.messages
-        assert not any("fewer passes" in m for m in report.messages), report.messages
     finally:
         _stop(cluster, pids)
+    return report, handed, seen, workers
+
+
+def test_main_reading_only_the_validation_split(spark, tmp_path):
+    rows, val_rows = 700, 300
+    report, handed, seen, workers = _one_split_read(spark, tmp_path, "validation_only", rows, val_rows, cache=True)
+    _full_epochs(seen, workers, "validation", range(100_000, 100_000 + val_rows), 2)
+    assert handed == sum(len(e) for n in workers for e in seen[n]["validation"])
+    assert report.rows_per_split == {"train": 2 * rows, "validation": 2 * val_rows}
+    assert sum(report.rows_unconsumed.values()) == 2 * rows + 2 * val_rows - handed - report.dropped_for_balance
+
+
+def test_main_never_reading_the_validation_split_is_told_so(spark, tmp_path):
+    # train(validation=df) with a main that reads two training passes and returns: no wait,
+    # and the report says the validation rows went unread because main never asked for them
+    # (it used to say main "read fewer passes than train(num_epochs=...) pushed")
+    rows, val_rows = 700, 300
+    report, handed, seen, workers = _one_split_read(spark, tmp_path, "return_early", rows, val_rows)
+    _full_epochs(seen, workers, "train", range(rows), 2)
+    assert handed == sum(len(e) for n in workers for e in seen[n]["train"])
+    assert sum(report.rows_unconsumed.values()) == 2 * val_rows
+    e = report.epochs  # train, validation, train, validation
+    notes = {m.split(" (")[0].split(":")[0]: m for m in report.messages}
+    assert set(notes) == {f"epoch {e[1]}", f"epoch {e[3]}"}, report.messages
+    # the last one, after main returned; the first, depending on when the books were
+    # settled, as skipped by a new training pass or as unread when main returned
+    assert "never read this validation epoch" in notes[f"epoch {e[3]}"], report.messages
+    assert "leave validation= out of train()" in notes[f"epoch {e[3]}"]
+    assert all("split='validation'" in m for m in notes.values()), report.messages
+    assert not any("fewer passes" in m for m in report.messages), report.messages
 
 
 def test_big_rows_tiny_buffer_everything_spilled(spark, tmp_path):
