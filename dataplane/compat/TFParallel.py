@@ -54,6 +54,9 @@ class _ParallelTask:
     def __call__(self, it: Iterator[int]) -> Iterator[int]:
         import importlib.util
 
+        from formats.sparktask import prepare_task
+
+        prepare_task()  # TF's temp files go to Spark's scratch: the worker ends with os._exit
         worker_num = next(iter(it))
         num_workers = self.num_executors
         if self.use_barrier:

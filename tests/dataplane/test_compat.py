@@ -147,3 +147,29 @@ def test_without_master_node_every_node_is_a_worker_as_in_tfos():
     assert (chief.job_name, chief.task_index, worker.job_name, worker.task_index) == (
         "worker", 0, "worker", 2)
     assert chief.cluster_spec == {"worker": ["h:1", "h:2", "h:3"]}
+
+
+def _report_temp_dir(args, ctx):  # type: ignore[no-untyped-def]
+    import json
+    import os
+    import tempfile
+
+    with open(os.path.join(args, f"instance{ctx.worker_num}.json"), "w") as f:
+        json.dump({"temp": tempfile.gettempdir(), "local": os.environ["SPARK_LOCAL_DIRS"],
+                   "pid": os.getpid()}, f)
+
+
+def test_parallel_instances_keep_their_temp_files_in_spark_scratch(spark, tmp_path):
+    # a TFParallel instance runs TF in Spark's Python worker, which ends with os._exit: TF's
+    # autograph files written to /tmp were never removed (one pair per scoring run)
+    import json
+    import os
+
+    from dataplane.compat import TFParallel
+
+    TFParallel.run(spark.sparkContext, _report_temp_dir, str(tmp_path), 2)
+    reports = [json.loads((tmp_path / f"instance{i}.json").read_text()) for i in range(2)]
+    for r in reports:
+        scratch = r["local"].split(",")[0]
+        assert r["temp"] == os.path.join(scratch, f"dataplane-tmp-{r['pid']}")
+        assert os.path.basename(scratch).startswith("blockmgr-")
