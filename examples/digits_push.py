@@ -82,13 +82,13 @@ def run(argv: list[str] | None = None) -> dict:
 
     spark = spark_session("digits-push")
     df = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label").cache()
-    out = tempfile.mkdtemp(prefix="digits-push-")
-    args = {"epochs": a.epochs, "batch_size": a.batch_size, "hidden": a.hidden, "lr": a.lr,
-            "seed": 0, "out": out}
-    with dataplane.run(spark, train_main, args, num_nodes=a.nodes) as cluster:
-        report = cluster.train(df, num_epochs=a.epochs)
-    with open(os.path.join(out, "metrics.json")) as f:
-        metrics = json.load(f)
+    with tempfile.TemporaryDirectory(prefix="digits-push-") as out:
+        args = {"epochs": a.epochs, "batch_size": a.batch_size, "hidden": a.hidden, "lr": a.lr,
+                "seed": 0, "out": out}
+        with dataplane.run(spark, train_main, args, num_nodes=a.nodes) as cluster:
+            report = cluster.train(df, num_epochs=a.epochs)
+        with open(os.path.join(out, "metrics.json")) as f:
+            metrics = json.load(f)
     metrics.update(rows_pushed=report.rows, rows_per_node=report.rows_per_node, nodes=a.nodes)
     return metrics
 

@@ -44,14 +44,15 @@ def run(argv: list[str] | None = None) -> dict:
     train, _ = split(ids)
     model = build_mlp()
     model.fit(x[train], y[train], epochs=a.epochs, batch_size=32, verbose=0)
-    path = os.path.join(tempfile.mkdtemp(prefix="inference-"), "digits.keras")
-    model.save(path)
+    with tempfile.TemporaryDirectory(prefix="inference-") as work:
+        path = os.path.join(work, "digits.keras")
+        model.save(path)
 
-    spark = spark_session("distributed-inference")
-    test = digits_frame(spark).filter("id % 5 = 0")
-    with dataplane.run(spark, serve_main, {"model": path}, num_nodes=a.nodes) as cluster:
-        out = cluster.inference(test, passthrough=("id", "label"), columns=["pixels"])
-        rows = out.collect()
+        spark = spark_session("distributed-inference")
+        test = digits_frame(spark).filter("id % 5 = 0")
+        with dataplane.run(spark, serve_main, {"model": path}, num_nodes=a.nodes) as cluster:
+            out = cluster.inference(test, passthrough=("id", "label"), columns=["pixels"])
+            rows = out.collect()
     accuracy = float(np.mean([r["prediction"] == r["label"] for r in rows]))
     return {"accuracy": accuracy, "rows": len(rows), "columns": out.columns, "nodes": a.nodes}
 

@@ -33,6 +33,8 @@ def train_fn(args, ctx):  # type: ignore[no-untyped-def]
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--work-dir", help="where the model and the pipeline are saved "
+                                      "(default: a new temporary directory)")
     a = p.parse_args(argv)
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import SQLTransformer
@@ -42,7 +44,7 @@ def run(argv: list[str] | None = None) -> dict:
     spark = spark_session("ml-pipeline")
     digits = digits_frame(spark).withColumnRenamed("pixels", "raw")  # raw is 0..1 here
     train, test = digits.filter("id % 5 != 0"), digits.filter("id % 5 = 0")
-    work = tempfile.mkdtemp(prefix="ml-pipeline-")
+    work = a.work_dir or tempfile.mkdtemp(prefix="ml-pipeline-")
     pipeline = Pipeline(stages=[
         SQLTransformer(statement="SELECT *, transform(raw, v -> CAST(v * 2 - 1 AS FLOAT)) "
                                  "AS centered FROM __THIS__"),

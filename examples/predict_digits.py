@@ -31,17 +31,18 @@ def run(argv: list[str] | None = None) -> dict:
     train, _ = split(ids)
     model = build_mlp()
     model.fit(x[train], y[train], epochs=a.epochs, batch_size=32, verbose=0)
-    path = os.path.join(tempfile.mkdtemp(prefix="predict-"), "digits.keras")
-    model.save(path)
+    with tempfile.TemporaryDirectory(prefix="predict-") as work:
+        path = os.path.join(work, "digits.keras")
+        model.save(path)
 
-    spark = spark_session("predict-digits")
-    test = digits_frame(spark).filter("id % 5 = 0")
-    out = dataplane.predict(test, path, input_cols=["pixels"], output_col="probs",
-                            batch_size=a.batch_size)
-    if a.layer:
-        out = dataplane.predict(out, path, input_cols=["pixels"], output_col="features",
-                                layer=a.layer, batch_size=a.batch_size)
-    rows = out.collect()
+        spark = spark_session("predict-digits")
+        test = digits_frame(spark).filter("id % 5 = 0")
+        out = dataplane.predict(test, path, input_cols=["pixels"], output_col="probs",
+                                batch_size=a.batch_size)
+        if a.layer:
+            out = dataplane.predict(out, path, input_cols=["pixels"], output_col="features",
+                                    layer=a.layer, batch_size=a.batch_size)
+        rows = out.collect()
     accuracy = float(np.mean([int(np.argmax(r["probs"])) == r["label"] for r in rows]))
     return {"accuracy": accuracy, "rows": len(rows), "columns": out.columns,
             "feature_width": len(rows[0]["features"]) if a.layer else 0}

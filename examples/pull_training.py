@@ -60,20 +60,21 @@ def run(argv: list[str] | None = None) -> dict:
     import formats
 
     spark = spark_session("pull-training")
-    out = tempfile.mkdtemp(prefix="pull-training-")
-    data = os.path.join(out, "train")
-    train = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label")
-    if a.format == "parquet":
-        train.repartition(a.files).write.parquet(data)
-    else:
-        formats.write_tfrecords(train, data, num_files=a.files)
-    args = {"format": a.format, "data": data, "epochs": a.epochs, "batch_size": a.batch_size,
-            "hidden": a.hidden, "lr": a.lr, "out": out}
-    with dataplane.run(spark, train_main, args, num_nodes=1) as cluster:
-        wait_for_training(cluster)
-    with open(os.path.join(out, "metrics.json")) as f:
-        metrics = json.load(f)
-    metrics.update(format=a.format, files=len([n for n in os.listdir(data) if n.startswith("part")]))
+    with tempfile.TemporaryDirectory(prefix="pull-training-") as out:
+        data = os.path.join(out, "train")
+        train = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label")
+        if a.format == "parquet":
+            train.repartition(a.files).write.parquet(data)
+        else:
+            formats.write_tfrecords(train, data, num_files=a.files)
+        args = {"format": a.format, "data": data, "epochs": a.epochs, "batch_size": a.batch_size,
+                "hidden": a.hidden, "lr": a.lr, "out": out}
+        with dataplane.run(spark, train_main, args, num_nodes=1) as cluster:
+            wait_for_training(cluster)
+        with open(os.path.join(out, "metrics.json")) as f:
+            metrics = json.load(f)
+        files = len([n for n in os.listdir(data) if n.startswith("part")])
+    metrics.update(format=a.format, files=files)
     return metrics
 
 

@@ -47,22 +47,22 @@ def run(argv: list[str] | None = None) -> dict:
     from dataplane.workloads.streaming import feed_stream
 
     spark = spark_session("streaming-digits")
-    work = tempfile.mkdtemp(prefix="streaming-")
-    incoming = os.path.join(work, "incoming")
-    train = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label")
-    for i in range(a.passes):  # stand-in for files arriving over time
-        train.orderBy((train.label * 7919 + i) % 101).repartition(a.files_per_pass) \
-            .write.mode("append").parquet(incoming)
-    stream = (spark.readStream.schema(train.schema).option("maxFilesPerTrigger", 1)
-              .parquet(incoming))
-    args = {"hidden": 64, "lr": 0.01, "batch_size": 32, "out": work}
-    with dataplane.run(spark, train_main, args, num_nodes=1) as cluster:
-        query = feed_stream(cluster, stream, checkpoint_location=os.path.join(work, "ckpt"))
-        query.processAllAvailable()
-        query.stop()
-        fed = {"micro_batches_fed": query.feed.batches, "rows_fed": query.feed.rows}
-    with open(os.path.join(work, "metrics.json")) as f:
-        metrics = json.load(f)
+    with tempfile.TemporaryDirectory(prefix="streaming-") as work:
+        incoming = os.path.join(work, "incoming")
+        train = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label")
+        for i in range(a.passes):  # stand-in for files arriving over time
+            train.orderBy((train.label * 7919 + i) % 101).repartition(a.files_per_pass) \
+                .write.mode("append").parquet(incoming)
+        stream = (spark.readStream.schema(train.schema).option("maxFilesPerTrigger", 1)
+                  .parquet(incoming))
+        args = {"hidden": 64, "lr": 0.01, "batch_size": 32, "out": work}
+        with dataplane.run(spark, train_main, args, num_nodes=1) as cluster:
+            query = feed_stream(cluster, stream, checkpoint_location=os.path.join(work, "ckpt"))
+            query.processAllAvailable()
+            query.stop()
+            fed = {"micro_batches_fed": query.feed.batches, "rows_fed": query.feed.rows}
+        with open(os.path.join(work, "metrics.json")) as f:
+            metrics = json.load(f)
     metrics.update(fed)
     return metrics
 

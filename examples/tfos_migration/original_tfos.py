@@ -64,8 +64,9 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--model_dir", default=tempfile.mkdtemp(prefix="tfos-digits-"))
+    parser.add_argument("--model_dir", default=None, help="default: a new temporary directory")
     args = parser.parse_args(argv)
+    args.model_dir = args.model_dir or tempfile.mkdtemp(prefix="tfos-digits-")
 
     sc = SparkContext.getOrCreate(SparkConf().setAppName("digits_tfos"))
     digits = load_digits()

@@ -102,11 +102,12 @@ def test_predict(spark):
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_ml_pipeline(spark):
+def test_ml_pipeline(spark, tmp_path):
     from examples import ml_pipeline
 
-    m = ml_pipeline.run(["--epochs", "10"])
+    m = ml_pipeline.run(["--epochs", "10", "--work-dir", str(tmp_path)])
     assert m["rows"] == 360 and m["accuracy"] > FLOOR
+    assert m["model_path"].startswith(str(tmp_path / "model")) and (tmp_path / "pipeline").is_dir()
     assert m["columns"] == ["id", "raw", "label", "centered", "probs"]
 
 
