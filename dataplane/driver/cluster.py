@@ -277,6 +277,7 @@ class Cluster:
             # a node whose main failed makes every later call fail at once, with its error
             err = self._node_failure()
             if err is not None:
+                add_data_notes(err, self._feeder.data_notes)
                 raise err
             if spark_stopped(self.spark):
                 raise ClusterStateError(

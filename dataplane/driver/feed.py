@@ -132,6 +132,19 @@ def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> li
     return list(dict.fromkeys(notes))
 
 
+def _failed_call_note(err: BaseException, cut: Sequence[int]) -> str:
+    """Why a main that fails after a failed train() call may have failed: that call's
+    unfinished epochs were ended with what had arrived (see ``Feeder._abort``)."""
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    which = f"epoch {cut[0]}" if len(cut) == 1 else f"epochs {cut[0]}-{cut[-1]}"
+    return (
+        f"an earlier train() call failed ({reason}), so its {which} ended early with only "
+        f"the rows that had arrived, possibly none (a Keras fit fails on an empty epoch). A "
+        f"main cannot pick up a failed call's training where it stopped: fix the cause and "
+        f"start a new cluster (dataplane.run) for the next try."
+    )
+
+
 def add_data_notes(err: NodeError, notes: Sequence[str]) -> None:
     """A main that failed on an empty pass rarely says so (Keras: a shape error, or "Empty
     logs"): end ``err``'s message with what was wrong with the data."""
@@ -188,6 +201,8 @@ class Feeder:
         self._pool: Any = None  # threads sending control actions to the nodes at once
         # why the last train() call's passes were empty, if they were (see add_data_notes)
         self.data_notes: list[str] = []
+        # why the last train() call failed, until a call succeeds (see _failed_call_note)
+        self._failed_call: list[str] = []
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
                               buffer_bytes=buffer_bytes, node_timeout=node_timeout, failure=failure)
 
@@ -273,9 +288,14 @@ class Feeder:
         report = FeedReport(0, 0, 0.0, {}, 0)
         workers = self._live_workers()
         if not workers:
+            failed = self._failure()  # a main that failed since the cluster last looked
+            if failed is not None:
+                add_data_notes(failed, list(dict.fromkeys(self._failed_call + self.data_notes)))
+                raise failed
+            why = "".join(f" The data may be why: {n}" for n in self._failed_call)
             raise FeedError(
                 "train(): every chief and worker's main has returned (or failed), so nothing "
-                "would read the data; cluster.shutdown() reports how each main ended."
+                "would read the data; cluster.shutdown() reports how each main ended." + why
             )
         clock = FeedClock(feed_timeout, lambda: self._rows_moved(workers))
         ids = tuple(n.node_id for n in workers)
@@ -308,14 +328,20 @@ class Feeder:
         try:
             try:
                 self._run_epochs(books, report, clock, progress, t0)
-            except BaseException:
+            except BaseException as e:
+                cut = [ep.epoch for ep in books if ep.limit is None]
                 self._abort(books)
+                if isinstance(e, Exception) and not isinstance(e, NodeError) and cut:
+                    self._failed_call = [_failed_call_note(e, cut)]
+                    self.data_notes = list(self._failed_call)
                 raise
             self._settle(books, report, clock)
         except NodeError as e:
-            self.data_notes = _empty_notes(splits, books)
+            # main may have failed on the passes a failed call before this one cut short
+            self.data_notes = self._failed_call + _empty_notes(splits, books)
             add_data_notes(e, self.data_notes)
             raise
+        self._failed_call = []
         self.data_notes = _empty_notes(splits, books)  # for a main that fails after train returns
         report.seconds = time.monotonic() - t0
         return report

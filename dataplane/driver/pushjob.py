@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import pyarrow as pa
 
 from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
-from dataplane.errors import FeedError, NodeError, SchemaError
+from dataplane.errors import FeedError, NodeError, SchemaError, error_summary
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 
@@ -118,6 +118,10 @@ def _first_line(e: BaseException) -> str:
     for line in text.splitlines():
         if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
             return line.strip()
+    if "Traceback (most recent call last)" in text:
+        # a Python error in a task (a UDF computing the rows): PySpark's text starts with "An
+        # exception was thrown from the Python worker:", the error itself is at the end
+        return error_summary(text)
     return text.splitlines()[0][:2000] if text else repr(e)
 
 

@@ -84,7 +84,23 @@ def _after_spark_stop(call: str):  # type: ignore[no-untyped-def]
     return build
 
 
+def _raising_udf_frame(env: Env):  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import FloatType
+
+    def f(i):  # type: ignore[no-untyped-def]
+        if i == 150:
+            raise ValueError(f"no price for id {i}")
+        return float(i)
+
+    return env.spark.sql(GOOD).withColumn("f", F.udf(f, FloatType())("id"))
+
+
 CASES = [
+    # a Python UDF failing while Spark computes the rows: its error, not PySpark's header line
+    Case(TR, "udf-raising-while-computing-rows", _train(df=_raising_udf_frame), dataplane.FeedError,
+         ("pushing epoch", "failed: PythonException: ValueError: no price for id 150"), within=60,
+         after=_still_trains),
     Case(TR, "null-without-fill-value",
          _train("SELECT id, IF(id = 77, NULL, CAST(id AS FLOAT)) AS f, CAST(id AS DOUBLE) AS g "
                 "FROM range(0, 200, 1, 2)"),

@@ -647,3 +647,48 @@ def test_main_from_a_module_the_executors_get_with_add_py_file(spark, tmp_path):
     pids = [n.pid for n in cluster.nodes]
     assert wait_json(out / "ran0.json", 60) == {"module": name, "role": "chief"}
     _stop(cluster, pids)
+
+
+def _keras_fit_main(args, ctx):  # type: ignore[no-untyped-def]
+    import tf_keras as keras
+
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(ctx.dataset(32, features="f", label="g"), epochs=args["epochs"], verbose=0)
+
+
+def test_a_keras_fit_after_a_train_call_whose_dataframe_failed(spark):
+    """A DataFrame whose rows a Python UDF computes, failing on one row (a bad record): train
+    says what the UDF raised, not PySpark's header line. Its later epochs end empty, so the
+    node's Keras fit stops early ("ran out of data") and main returns; the next call says
+    so and why, and what to do."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import FloatType
+
+    def price(i):  # type: ignore[no-untyped-def]
+        if i == 350:
+            raise ValueError(f"no price for id {i}")
+        return float(i)
+
+    df = spark.range(0, 400, 1, 2).select(
+        F.udf(price, FloatType())("id").alias("f"), F.col("id").cast("float").alias("g"))
+    cluster = dataplane.run(spark, _keras_fit_main, {"epochs": 3}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(dataplane.FeedError) as info:
+            cluster.train(df, 3, feed_timeout=FEED_TIMEOUT)
+        assert "failed: PythonException: ValueError: no price for id 350" in str(info.value), str(info.value)
+        assert time.monotonic() - t0 < 30
+        deadline = time.monotonic() + 60
+        while cluster._live_workers() and time.monotonic() < deadline:  # the driver heard main end
+            time.sleep(0.2)
+        with pytest.raises(dataplane.FeedError) as info:
+            cluster.train(df.where("g < 300"), 1, feed_timeout=FEED_TIMEOUT)
+        text = str(info.value)
+        assert "every chief and worker's main has returned" in text, text
+        assert "an earlier train() call failed (pushing epoch 0 failed: PythonException: " \
+            "ValueError: no price for id 350), so its epochs 0-2 ended early" in text, text
+        assert "start a new cluster (dataplane.run)" in text, text
+    finally:
+        _stop(cluster, pids)
