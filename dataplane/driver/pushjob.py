@@ -7,6 +7,7 @@ task's SchemaError, a failed node's NodeError, or a FeedError with the task's ow
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -122,7 +123,21 @@ def _first_line(e: BaseException) -> str:
         # a Python error in a task (a UDF computing the rows): PySpark's text starts with "An
         # exception was thrown from the Python worker:", the error itself is at the end
         return error_summary(text)
-    return text.splitlines()[0][:2000] if text else repr(e)
+    lines = text.splitlines()
+    if len(lines) > 1 and _PY4J_CALL.match(lines[0]):
+        # a JVM error (a file read fails): its message follows Py4J's "An error occurred while
+        # calling o85.collectToPython." line, up to the Java stack
+        said = []
+        for line in lines[1:]:
+            if line.lstrip().startswith("at ") or len(said) == 8:
+                break
+            said.append(line.strip())
+        message = re.sub(r"\s*SQLSTATE: \w+", "", " ".join(said).lstrip(": "))
+        return re.sub(r"^(?:[a-z_]\w*\.)+(?=[A-Z])", "", message)[:2000]  # org.apache.spark.
+    return lines[0][:2000] if text else repr(e)
+
+
+_PY4J_CALL = re.compile(r"^An error occurred while calling [\w.]+\.?$")
 
 
 def _schema_message(e: BaseException) -> str | None:

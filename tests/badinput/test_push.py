@@ -96,7 +96,22 @@ def _raising_udf_frame(env: Env):  # type: ignore[no-untyped-def]
     return env.spark.sql(GOOD).withColumn("f", F.udf(f, FloatType())("id"))
 
 
+def _file_gone_frame(env: Env):  # type: ignore[no-untyped-def]
+    import glob
+    import os
+
+    path = str(env.tmp / "gone.parquet")
+    env.spark.sql(GOOD).repartition(2).write.parquet(path)
+    df = env.spark.read.parquet(path)  # the plan lists the files now
+    os.remove(sorted(glob.glob(os.path.join(path, "part-*")))[1])
+    return df
+
+
 CASES = [
+    # a JVM error while Spark reads the rows: its message, not Py4J's "An error occurred while
+    # calling o85.collectToPython."
+    Case(TR, "parquet-file-deleted-after-read", _train(df=_file_gone_frame), dataplane.FeedError,
+         ("pushing epoch", "part-00001", "does not exist"), within=60, after=_still_trains),
     # a Python UDF failing while Spark computes the rows: its error, not PySpark's header line
     Case(TR, "udf-raising-while-computing-rows", _train(df=_raising_udf_frame), dataplane.FeedError,
          ("pushing epoch", "failed: PythonException: ValueError: no price for id 150"), within=60,
