@@ -81,6 +81,11 @@ _KNOWN_FIXES = (
      "Keras 3's fit does not run under MultiWorkerMirroredStrategy on this TensorFlow: use "
      "Keras 2 (import tf_keras as keras; installed with this package), or set "
      "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported."),
+    # Keras 3's fit on a dataset that yields features only (ctx.dataset(...) without label=)
+    (("None values not supported", "/keras/src/backend/tensorflow/core.py", ".fit("),
+     "Keras met None where it expected a tensor: most often the labels, when fit's dataset "
+     "yields features only. Name the label column (ctx.dataset(..., label='y'), or the "
+     "reader's label=) so that it yields (features, label) pairs."),
 )
 
 

@@ -121,3 +121,15 @@ def test_known_tensorflow_failures_get_their_fix():
     # the same error from tf_keras' own code is something else
     assert known_fix(keras3.replace("/keras/src/", "/tf_keras/src/")) is None
     assert known_fix("ValueError: shapes (None, 3) and (None, 4) are incompatible") is None
+    # Keras 3's fit on ctx.dataset(32, features="x"): no label= given, so no targets
+    no_label = (
+        'Traceback (most recent call last):\n  File "/n/main.py", line 11, in main\n'
+        '    m.fit(ctx.dataset(32, features="x"), epochs=1, verbose=0)\n'
+        '  File "/v/site-packages/keras/src/utils/traceback_utils.py", line 122, in error_handler\n'
+        "    raise e.with_traceback(filtered_tb) from None\n"
+        '  File "/v/site-packages/keras/src/backend/tensorflow/core.py", line 154, in convert_to_tensor\n'
+        "    return tf.convert_to_tensor(x, dtype=dtype)\n"
+        "ValueError: None values not supported.\n"
+    )
+    assert "ctx.dataset(..., label='y')" in known_fix(no_label)
+    assert known_fix(no_label.replace("m.fit(", "m.predict(")) is None
