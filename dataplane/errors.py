@@ -41,6 +41,9 @@ __all__ = [
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> str:
     """The most telling part of a traceback: the last 'SomeError: message' (TF wraps the Python
     error of a tf.data generator inside its own error text), else the last line.
@@ -48,7 +51,8 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
     A message that goes on over more lines (Keras says which layer failed on the first line and
     why on the next ones) keeps them, up to ``max_lines`` lines and ``max_chars`` characters.
     """
-    lines = [ln.rstrip() for ln in str(text).strip().splitlines() if ln.strip()]
+    text = _ANSI.sub("", str(text))  # Keras sets parts of its messages in bold
+    lines = [ln.rstrip() for ln in text.strip().splitlines() if ln.strip()]
     first = None
     for i in reversed(range(len(lines))):
         ln = lines[i].strip()
@@ -71,6 +75,12 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
     return summary if len(summary) <= max_chars else summary[: max_chars - 3] + "..."
 
 
+_DICT_OF_COLUMNS = (
+    "The model got a dict of columns: without features=, ctx.dataset() yields every column but "
+    "the label. Name the model's input: features='x' yields that column's tensor itself (for a "
+    "one-input model); a list of names yields a dict keyed like the model's Inputs."
+)
+
 # TensorFlow errors whose message does not say what the program should do differently here:
 # (every text the traceback must hold, the fix)
 _KNOWN_FIXES = (
@@ -86,6 +96,10 @@ _KNOWN_FIXES = (
      "Keras met None where it expected a tensor: most often the labels, when fit's dataset "
      "yields features only. Name the label column (ctx.dataset(..., label='y'), or the "
      "reader's label=) so that it yields (features, label) pairs."),
+    # a one-input model given ctx.dataset(..., label='y') without features=: Keras 3, tf_keras
+    (("The structure of `inputs` doesn't match the expected structure", "Received: inputs={"),
+     _DICT_OF_COLUMNS),
+    (("Missing data for input", "You passed a data dictionary with keys"), _DICT_OF_COLUMNS),
 )
 
 

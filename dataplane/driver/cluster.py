@@ -255,10 +255,12 @@ class Cluster:
     def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
         try:
             self.shutdown(drain=exc_type is None)
-        except NodeError:
+        except NodeError as failure:
             if exc_type is None:
                 raise
-            logger.exception("a node failed while the with-block was already raising")
+            if isinstance(exc, NodeError) and str(exc).split("\n")[0] == str(failure).split("\n")[0]:
+                return  # the block is raising this node's failure already (train raised it)
+            logger.error("a node failed while the with-block was already raising: %s", failure)
 
     def __repr__(self) -> str:
         return f"Cluster({self.cluster_id}, {len(self.nodes)} nodes, {self._state})"

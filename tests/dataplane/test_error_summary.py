@@ -133,3 +133,16 @@ def test_known_tensorflow_failures_get_their_fix():
     )
     assert "ctx.dataset(..., label='y')" in known_fix(no_label)
     assert known_fix(no_label.replace("m.fit(", "m.predict(")) is None
+    # a one-input model fed every column (no features=), as Keras 3 and tf_keras say it
+    keras3_dict = (
+        "ValueError: Exception encountered when calling Sequential.call().\n\n"
+        "\x1b[1mThe structure of `inputs` doesn't match the expected structure.\n"
+        "Expected: keras_tensor\n"
+        "Received: inputs={'id': 'Tensor(shape=(None,))', 'x': 'Tensor(shape=(None, 4))'}\x1b[0m\n"
+    )
+    tf_keras_dict = ('ValueError: Missing data for input "input_1". You passed a data dictionary '
+                     "with keys ['id', 'x']. Expected the following keys: ['input_1']")
+    assert "features='x'" in known_fix(keras3_dict) and known_fix(keras3_dict) == known_fix(tf_keras_dict)
+    # Keras' bold on and off do not reach the message
+    summary = error_summary(keras3_dict)
+    assert "\x1b" not in summary and "The structure of `inputs` doesn't match" in summary, summary

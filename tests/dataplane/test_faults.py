@@ -163,6 +163,19 @@ def test_main_raising_mid_feed_fails_train_with_its_error(spark):
     wait_gone(pids, 15)
 
 
+def test_a_with_block_raising_a_nodes_failure_does_not_report_it_twice(spark, caplog):
+    # train raises main's NodeError inside the block; leaving the block shuts the cluster down,
+    # which finds the same failure: it used to be logged again, traceback and all
+    with pytest.raises(NodeError) as info:
+        with dataplane.run(spark, raise_mid_feed_main, {"node": 0}, num_nodes=1,
+                           buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024) as cluster:
+            pids = [n.pid for n in cluster.nodes]
+            cluster.train(make_df(spark, 50_000, 2))
+    assert "ValueError: bad batch on node 0" in info.value.remote_traceback
+    assert "already raising" not in caplog.text and "bad batch" not in caplog.text
+    wait_gone(pids, 15)
+
+
 def test_inference_fails_fast_when_main_ends_without_serving(spark, tmp_path):
     # main is busy for 4 s and returns without ctx.serve: requests sent meanwhile must fail
     # once it returns, not wait forever
