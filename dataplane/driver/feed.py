@@ -99,6 +99,31 @@ class _Split:
     schema_ipc: bytes
     shapes: dict[str, tuple[int, ...]]
     rows: int | None = None  # counted by the shape scan; None when there was none
+    ragged: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
+
+
+def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
+    """Array columns whose rows differ in length: ctx.dataset() yields them as tf.RaggedTensor,
+    which a model expecting a fixed-size input fails on with an error about ragged shapes."""
+    notes = []
+    for sp in splits:
+        for name, (level, lo, hi) in sp.ragged.items():
+            where = "" if sp.name == "train" else f" of train(validation=...)"
+            what = "arrays" if level == 0 else f"arrays whose level-{level} arrays"
+            notes.append(
+                f"column {name!r}{where} holds {what} of {lo} to {hi} values, so ctx.dataset() "
+                f"yields it as a tf.RaggedTensor, which a model with a fixed-size input (a Dense "
+                f"layer) cannot take. If every row should have {hi} values, the others are bad "
+                f"rows: df.where(F.size({name!r}) != {hi}) finds them (or declare "
+                f"ctx.dataset(..., shapes={{{name!r}: (...)}}) to have the node name the first "
+                f"one); variable-length data needs padding or a model that takes ragged input."
+                if level == 0 else
+                f"column {name!r}{where} holds {what} of {lo} to {hi} values, so ctx.dataset() "
+                f"yields it as a tf.RaggedTensor, which a model with a fixed-size input cannot "
+                f"take; declare ctx.dataset(..., shapes={{{name!r}: (...)}}) to have the node "
+                f"name the first row that does not fit."
+            )
+    return notes
 
 
 def _empty_message(split: str) -> str:
@@ -258,7 +283,8 @@ class Feeder:
         scan = self._jobs.shapes(df, schema)
         if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
             logger.warning(_empty_message(name))
-        return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows)
+        return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows,
+                      dict(scan.ragged))
 
     def train(
         self,
@@ -338,11 +364,12 @@ class Feeder:
             self._settle(books, report, clock)
         except NodeError as e:
             # main may have failed on the passes a failed call before this one cut short
-            self.data_notes = self._failed_call + _empty_notes(splits, books)
+            self.data_notes = self._failed_call + _empty_notes(splits, books) + _ragged_notes(splits)
             add_data_notes(e, self.data_notes)
             raise
         self._failed_call = []
-        self.data_notes = _empty_notes(splits, books)  # for a main that fails after train returns
+        # for a main that fails after train returns
+        self.data_notes = _empty_notes(splits, books) + _ragged_notes(splits)
         report.seconds = time.monotonic() - t0
         return report
 

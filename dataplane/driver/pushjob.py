@@ -74,6 +74,9 @@ class ShapeScan(NamedTuple):
 
     shapes: dict[str, tuple[int, ...]]
     rows: int | None
+    #: array columns of varying length: name -> the first list level whose lengths differ,
+    #: with its shortest and longest length (level 0: the arrays themselves)
+    ragged: dict[str, tuple[int, int | None, int | None]] = {}
 
 
 def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
@@ -104,12 +107,16 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     row = df.agg(*aggs).collect()[0]
     from formats.schema import uniform_shape
 
-    out = {}
+    out, ragged = {}, {}
     for i, (name, depth) in enumerate(lists.items()):
-        shape = uniform_shape([(row[f"mn{i}_{level}"], row[f"mx{i}_{level}"]) for level in range(depth)])
+        lengths = [(row[f"mn{i}_{level}"], row[f"mx{i}_{level}"]) for level in range(depth)]
+        shape = uniform_shape(lengths)
         if shape is not None:
             out[name] = shape
-    return ShapeScan(out, int(row["rows"]))
+        elif int(row["rows"]):
+            level = next((k for k, (lo, hi) in enumerate(lengths) if lo != hi), 0)
+            ragged[name] = (level, *lengths[level])
+    return ShapeScan(out, int(row["rows"]), ragged)
 
 
 def _first_line(e: BaseException) -> str:

@@ -692,3 +692,39 @@ def test_a_keras_fit_after_a_train_call_whose_dataframe_failed(spark):
         assert "start a new cluster (dataplane.run)" in text, text
     finally:
         _stop(cluster, pids)
+
+
+def _dense_fit_main(args, ctx):  # type: ignore[no-untyped-def]
+    import tf_keras as keras
+
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(ctx.dataset(32, features="x", label="y"), epochs=1, verbose=0)
+
+
+def test_a_bad_row_making_an_array_column_ragged_is_named_when_the_model_fails(spark):
+    """One row of 3 values in a column of 4-value arrays (a bad record): the column arrives
+    ragged and Keras' Dense fails on it in its own words; the error adds which column, its
+    lengths, and how to find the rows."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 200, 1, 2).select(
+        F.when(F.col("id") == 117, F.array(*[F.lit(1.0).cast("float")] * 3))
+        .otherwise(F.array(*[(F.col("id") + i).cast("float") for i in range(4)])).alias("x"),
+        F.col("id").cast("float").alias("y"))
+    cluster = dataplane.run(spark, _dense_fit_main, {}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        with pytest.raises(NodeError) as info:
+            cluster.train(df, 1, feed_timeout=FEED_TIMEOUT)
+            cluster.shutdown(timeout=30)  # main may fail once train has returned
+        text = str(info.value)
+        assert "Dense" in text, text  # Keras' own message comes first
+        assert "The data may be why: column 'x' holds arrays of 3 to 4 values" in text, text
+        assert "df.where(F.size('x') != 4)" in text, text
+    finally:
+        try:
+            cluster.shutdown(timeout=30)  # a no-op when it raised above
+        except NodeError:
+            pass
+        wait_gone(pids, 30)
