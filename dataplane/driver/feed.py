@@ -108,20 +108,17 @@ def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
     notes = []
     for sp in splits:
         for name, (level, lo, hi) in sp.ragged.items():
-            where = "" if sp.name == "train" else f" of train(validation=...)"
+            where = "" if sp.name == "train" else " of train(validation=...)"
             what = "arrays" if level == 0 else f"arrays whose level-{level} arrays"
+            find = (f"If every row should have {hi} values, the others are bad rows: "
+                    f"df.where(F.size({name!r}) != {hi}) finds them, or declare "
+                    if level == 0 else "Declare ")
             notes.append(
                 f"column {name!r}{where} holds {what} of {lo} to {hi} values, so ctx.dataset() "
                 f"yields it as a tf.RaggedTensor, which a model with a fixed-size input (a Dense "
-                f"layer) cannot take. If every row should have {hi} values, the others are bad "
-                f"rows: df.where(F.size({name!r}) != {hi}) finds them (or declare "
-                f"ctx.dataset(..., shapes={{{name!r}: (...)}}) to have the node name the first "
-                f"one); variable-length data needs padding or a model that takes ragged input."
-                if level == 0 else
-                f"column {name!r}{where} holds {what} of {lo} to {hi} values, so ctx.dataset() "
-                f"yields it as a tf.RaggedTensor, which a model with a fixed-size input cannot "
-                f"take; declare ctx.dataset(..., shapes={{{name!r}: (...)}}) to have the node "
-                f"name the first row that does not fit."
+                f"layer) cannot take. {find}ctx.dataset(..., shapes={{{name!r}: (...)}}) to have "
+                f"the node name the first row that does not fit; variable-length data needs "
+                f"padding or a model that takes ragged input."
             )
     return notes
 

@@ -146,3 +146,18 @@ def test_known_tensorflow_failures_get_their_fix():
     # Keras' bold on and off do not reach the message
     summary = error_summary(keras3_dict)
     assert "\x1b" not in summary and "The structure of `inputs` doesn't match" in summary, summary
+
+
+def test_ragged_columns_are_named_with_their_lengths_and_the_way_to_find_the_rows():
+    from dataplane.driver.feed import _ragged_notes, _Split
+
+    flat = _Split("train", None, None, b"", {}, rows=200, ragged={"x": (0, 3, 4)})
+    nested = _Split("validation", None, None, b"", {}, rows=9, ragged={"img": (1, 7, 8)})
+    first, second = _ragged_notes([flat, nested])
+    assert first.startswith("column 'x' holds arrays of 3 to 4 values, so ctx.dataset() yields "
+                            "it as a tf.RaggedTensor"), first
+    assert "df.where(F.size('x') != 4) finds them" in first, first
+    assert second.startswith("column 'img' of train(validation=...) holds arrays whose level-1 "
+                             "arrays of 7 to 8 values"), second
+    assert "Declare ctx.dataset(..., shapes={'img': (...)})" in second, second
+    assert _ragged_notes([_Split("train", None, None, b"", {}, rows=5)]) == []
