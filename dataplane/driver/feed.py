@@ -109,12 +109,13 @@ def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
     for sp in splits:
         for name, (level, lo, hi) in sp.ragged.items():
             where = "" if sp.name == "train" else " of train(validation=...)"
-            what = "arrays" if level == 0 else f"arrays whose level-{level} arrays"
+            what = f"arrays of {lo} to {hi} values" if level == 0 else (
+                f"nested arrays whose level-{level} arrays have {lo} to {hi} values")
             find = (f"If every row should have {hi} values, the others are bad rows: "
                     f"df.where(F.size({name!r}) != {hi}) finds them, or declare "
                     if level == 0 else "Declare ")
             notes.append(
-                f"column {name!r}{where} holds {what} of {lo} to {hi} values, so ctx.dataset() "
+                f"column {name!r}{where} holds {what}, so ctx.dataset() "
                 f"yields it as a tf.RaggedTensor, which a model with a fixed-size input (a Dense "
                 f"layer) cannot take. {find}ctx.dataset(..., shapes={{{name!r}: (...)}}) to have "
                 f"the node name the first row that does not fit; variable-length data needs "

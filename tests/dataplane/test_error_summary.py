@@ -157,7 +157,7 @@ def test_ragged_columns_are_named_with_their_lengths_and_the_way_to_find_the_row
     assert first.startswith("column 'x' holds arrays of 3 to 4 values, so ctx.dataset() yields "
                             "it as a tf.RaggedTensor"), first
     assert "df.where(F.size('x') != 4) finds them" in first, first
-    assert second.startswith("column 'img' of train(validation=...) holds arrays whose level-1 "
-                             "arrays of 7 to 8 values"), second
+    assert second.startswith("column 'img' of train(validation=...) holds nested arrays whose "
+                             "level-1 arrays have 7 to 8 values, so"), second
     assert "Declare ctx.dataset(..., shapes={'img': (...)})" in second, second
     assert _ragged_notes([_Split("train", None, None, b"", {}, rows=5)]) == []
