@@ -53,6 +53,16 @@ class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):
         )
 
 
+def flight_message(e: BaseException) -> str:
+    """A Flight error's own message, without the gRPC debug context that repeats it
+    ("... . Detail: Failed. gRPC client debug context: UNKNOWN:... Client context: OK")."""
+    text = str(e)
+    cut = text.find(". Detail: ")
+    if cut < 0:
+        cut = text.find("gRPC client debug context:")
+    return (text[:cut] if cut > 0 else text).strip().rstrip(".")  # callers go on with ". "
+
+
 def call_options(secret: str, timeout: float | None = None) -> flight.FlightCallOptions:
     """Call options carrying the bearer token (and an optional per-call deadline in seconds)."""
     return flight.FlightCallOptions(

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from formats.errors import FeedError, SchemaError
+from feeders.flight import flight_message
 from feeders.protocol import (
     EPOCH_PROPERTY,
     PUSH_RESULT_FIELDS,
@@ -211,8 +212,8 @@ def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
 def _error(p: _Push, s: _Stream, e: Exception) -> FeedError:
     return FeedError(
         f"pushing partition {p.partition} (attempt {p.attempt}) of epoch {p.epoch} to node "
-        f"{s.node} at {s.loc} failed: {type(e).__name__}: {e}. If the node died, the driver "
-        f"reports its error; otherwise check that executors can reach {s.loc}."
+        f"{s.node} at {s.loc} failed: {type(e).__name__}: {flight_message(e)}. If the node "
+        f"died, the driver reports its error; otherwise check that executors can reach {s.loc}."
     )
 
 
@@ -325,8 +326,8 @@ class PartitionInferrer:
             writer.close()
         except flight.FlightError as e:
             raise FeedError(
-                f"inference of partition {part} on node {node_id} at {loc} failed: {e}. "
-                f"{_INFER_HINT}"
+                f"inference of partition {part} on node {node_id} at {loc} failed: "
+                f"{flight_message(e)}. {_INFER_HINT}"
             ) from e
 
 

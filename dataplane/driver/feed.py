@@ -114,13 +114,13 @@ def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
             find = (f"If every row should have {hi} values, the others are bad rows: "
                     f"df.where(F.size({name!r}) != {hi}) finds them, or declare "
                     if level == 0 else "Declare ")
-            notes.append(
+            notes.append(_RaggedNote(
                 f"column {name!r}{where} holds {what}, so ctx.dataset() "
                 f"yields it as a tf.RaggedTensor, which a model with a fixed-size input (a Dense "
                 f"layer) cannot take. {find}ctx.dataset(..., shapes={{{name!r}: (...)}}) to have "
                 f"the node name the first row that does not fit; variable-length data needs "
                 f"padding or a model that takes ragged input."
-            )
+            ))
     return notes
 
 
@@ -168,9 +168,16 @@ def _failed_call_note(err: BaseException, cut: Sequence[int]) -> str:
     )
 
 
+class _RaggedNote(str):
+    """A note about a ragged column: only for a failure that is about ragged tensors (a text
+    model takes ragged columns as they are, and fails for reasons of its own)."""
+
+
 def add_data_notes(err: NodeError, notes: Sequence[str]) -> None:
     """A main that failed on an empty pass rarely says so (Keras: a shape error, or "Empty
     logs"): end ``err``'s message with what was wrong with the data."""
+    told = f"{err.args[0] if err.args else ''}\n{getattr(err, 'remote_traceback', '')}"
+    notes = [n for n in notes if not isinstance(n, _RaggedNote) or "ragged" in told.lower()]
     if notes and err.args and isinstance(err.args[0], str) and notes[0] not in err.args[0]:
         err.args = (f"{err.args[0]}\nThe data may be why: {' '.join(notes)}",)
 

@@ -91,6 +91,7 @@ def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type:
     import pyarrow.flight as flight
 
     from dataplane.rpc import call_options, connect
+    from feeders.flight import flight_message
     from feeders.protocol import InferCommand
 
     sample = sample_arrow(df.select(*[f"`{c}`" for c in send]), 4)
@@ -103,15 +104,21 @@ def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type:
     desc = flight.FlightDescriptor.for_command(InferCommand(probe=True).encode())
     writer, reader = client.do_exchange(desc, options=call_options(feeder.secret, timeout))
     batch = sample.combine_chunks().to_batches()[0]
-    writer.begin(batch.schema)
-    writer.write_with_metadata(batch, pa.py_buffer(b"0"))
     try:
+        writer.begin(batch.schema)
+        writer.write_with_metadata(batch, pa.py_buffer(b"0"))
         reply = reader.read_chunk()
+        writer.done_writing()
     except flight.FlightError as e:
-        raise FeedError(f"inference: node {node.node_id} could not answer a probe batch: {e}") from e
-    writer.done_writing()
-    writer.close()
-    client.close()
+        raise FeedError(
+            f"inference: node {node.node_id} could not answer a probe batch: {flight_message(e)}"
+        ) from e
+    finally:
+        try:  # closed here, or Arrow prints the stream's error again when it is collected
+            writer.close()
+        except flight.FlightError:
+            pass
+        client.close()
     schema = reply.data.schema
     # Spark has no unsigned or half types: widen them so the output DataFrame can hold them.
     return pa.schema([pa.field(f.name, _spark_type(f.type)) for f in schema])

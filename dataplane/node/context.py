@@ -250,7 +250,7 @@ class NodeContext:
                 outputs = predict(
                     {k: (v if isinstance(v, np.ndarray) else _ragged_to_object(v)) for k, v in arrays.items()}
                 )
-                fut.set_result(_outputs_to_batch(outputs, batch.num_rows, self.node_id))
+                fut.set_result(_outputs_to_batch(outputs, batch.num_rows))
                 broker.rows += batch.num_rows
                 broker.batches += 1
             except BaseException as e:  # noqa: BLE001 - handed to the caller of inference
@@ -327,18 +327,19 @@ def _ragged_to_object(col) -> np.ndarray:  # type: ignore[no-untyped-def]
     return out
 
 
-def _outputs_to_batch(outputs: Any, rows: int, node_id: int) -> pa.RecordBatch:
+def _outputs_to_batch(outputs: Any, rows: int) -> pa.RecordBatch:
     if not isinstance(outputs, Mapping) or not outputs:
         raise SchemaError(
-            f"node {node_id}: predict must return a non-empty dict of numpy arrays, got "
-            f"{type(outputs).__name__}."
+            f"predict must return a dict of output columns (name -> array with "
+            f"one entry per input row), got {type(outputs).__name__}; for example "
+            f"return {{'prediction': np.asarray(model(batch['x']))}}."
         )
     cols, names = [], []
     for name, value in outputs.items():
         a = np.asarray(value)
         if a.ndim == 0 or a.shape[0] != rows:
             raise SchemaError(
-                f"node {node_id}: predict output {name!r} has shape {a.shape} for a batch of "
+                f"predict output {name!r} has shape {a.shape} for a batch of "
                 f"{rows} rows; every output needs one entry per input row (shape[0] == {rows})."
             )
         col = pa.array(np.ascontiguousarray(a).reshape(-1))

@@ -153,6 +153,8 @@ class NodeServer(flight.FlightServerBase):
                 ) from None
             except NotServing as e:
                 raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
+            except SchemaError as e:  # the rows or predict's answer do not fit (not predict's error)
+                raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
             except Exception as e:  # the user's predict raised: report it to the caller
                 raise flight.FlightServerError(
                     f"node {self.node_id}: predict raised {type(e).__name__}: {e}"

@@ -161,3 +161,13 @@ def test_ragged_columns_are_named_with_their_lengths_and_the_way_to_find_the_row
                              "level-1 arrays have 7 to 8 values, so"), second
     assert "Declare ctx.dataset(..., shapes={'img': (...)})" in second, second
     assert _ragged_notes([_Split("train", None, None, b"", {}, rows=5)]) == []
+    # said only when the failure is about ragged tensors: a text model fails for other reasons
+    from dataplane.driver.feed import add_data_notes
+    from dataplane.errors import NodeError
+
+    other = NodeError("node 0: main raised:\nRuntimeError: Collective ops must be configured")
+    add_data_notes(other, [first])
+    assert "The data may be why" not in str(other)
+    dense = NodeError("node 0: main raised:\nValueError: ...", remote_traceback="... RaggedMatMul ...")
+    add_data_notes(dense, [first])
+    assert str(dense).endswith(f"The data may be why: {first}")

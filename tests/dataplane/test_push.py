@@ -11,7 +11,7 @@ import pyarrow.flight as flight
 import pytest
 
 import dataplane
-from dataplane.errors import SchemaError
+from dataplane.errors import FeedError, SchemaError
 from feeders.push import PartitionPusher
 from tests.builders import row_checksum
 from tests.dataplane.clusterutil import wait_gone, wait_json
@@ -285,6 +285,35 @@ def test_inference_of_many_small_partitions_runs_a_few_tasks_per_slot(spark, clu
 def test_inference_rejects_unknown_passthrough(spark, cluster):
     with pytest.raises(SchemaError, match="passthrough column 'nope'"):
         cluster.inference(make_df(spark, 10, 1), passthrough=("nope",))
+
+
+def _serve_a_tensor_main(args, ctx):  # type: ignore[no-untyped-def]
+    import tensorflow as tf
+
+    ctx.serve(lambda b: tf.constant(np.asarray(b["x"], np.float32) * 2))  # not a dict
+
+
+def test_predict_returning_a_tensor_is_told_the_shape_of_an_answer(spark):
+    """``ctx.serve(lambda b: model(b['x']))``: refused with the form of an answer, in a message
+    without gRPC's debug context, whether the columns are probed or declared."""
+    want = ("node 0: predict must return a dict of output columns (name -> array with one entry "
+            "per input row), got EagerTensor; for example return {'prediction': "
+            "np.asarray(model(batch['x']))}")
+    df = spark.range(0, 40, 1, 2).selectExpr("id", "CAST(id AS FLOAT) AS x")
+    cluster = dataplane.run(spark, _serve_a_tensor_main, {}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        with pytest.raises(FeedError) as info:
+            cluster.inference(df)
+        assert str(info.value) == f"inference: node 0 could not answer a probe batch: {want}"
+        with pytest.raises(Exception) as info:
+            cluster.inference(df, output_schema=pa.schema([("y", pa.float32())])).collect()
+        text = str(info.value)
+        assert f"on node 0 at grpc://127.0.0.1:" in text and f"failed: {want}. If the" in text, text
+        assert "gRPC client debug context" not in text and "Detail:" not in text, text
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
 
 
 def test_unauthenticated_clients_are_refused(cluster):

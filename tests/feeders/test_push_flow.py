@@ -182,7 +182,7 @@ def test_inference_answers_keep_their_shape_and_conform_to_the_declared_types():
     from formats.errors import SchemaError
 
     mask = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
-    batch = _outputs_to_batch({"mask": mask, "p": np.zeros((2, 0), np.float16), "y": [1.5, 2.5]}, 2, 0)
+    batch = _outputs_to_batch({"mask": mask, "p": np.zeros((2, 0), np.float16), "y": [1.5, 2.5]}, 2)
     assert batch.column("mask").to_pylist() == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
     assert batch.column("p").to_pylist() == [[], []] and batch.column("y").to_pylist() == [1.5, 2.5]
     assert _spark_type(batch.schema.field("mask").type) == pa.list_(pa.list_(pa.int64()))
