@@ -295,7 +295,8 @@ class PartitionInferrer:
             writer, reader = client.do_exchange(desc, options=call_options(self.secret, self.timeout))
         except flight.FlightError as e:
             raise FeedError(
-                f"inference: cannot reach node {node_id} at {loc}: {e}. {_INFER_HINT}"
+                f"inference: cannot reach node {node_id} at {loc}: {flight_message(e)}. "
+                f"{_INFER_HINT}"
             ) from e
         begun = False
         seq = 0

@@ -258,7 +258,9 @@ class Cluster:
         except NodeError as failure:
             if exc_type is None:
                 raise
-            if isinstance(exc, NodeError) and str(exc).split("\n")[0] == str(failure).split("\n")[0]:
+            same = isinstance(exc, NodeError) and (
+                str(exc).split("\n")[0] == str(failure).split("\n")[0])
+            if same:
                 return  # the block is raising this node's failure already (train raised it)
             logger.error("a node failed while the with-block was already raising: %s", failure)
 
@@ -306,6 +308,7 @@ class Cluster:
         import pyarrow.flight as flight
 
         from dataplane.rpc import do_json_action
+        from feeders.flight import flight_message
 
         try:
             return do_json_action(self._client(node), self._secret, name, body, timeout=timeout)
@@ -314,7 +317,7 @@ class Cluster:
             if err is not None:
                 raise err from e
             raise NodeError(
-                f"{node.describe()} did not answer {name!r}: {e}", node=node,
+                f"{node.describe()} did not answer {name!r}: {flight_message(e)}", node=node,
                 remote_traceback="",
             ) from e
 
