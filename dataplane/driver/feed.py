@@ -162,9 +162,9 @@ def _failed_call_note(err: BaseException, cut: Sequence[int]) -> str:
     which = f"epoch {cut[0]}" if len(cut) == 1 else f"epochs {cut[0]}-{cut[-1]}"
     return (
         f"an earlier train() call failed ({reason}), so its {which} ended early with only "
-        f"the rows that had arrived, possibly none (a Keras fit fails on an empty epoch). A "
-        f"main cannot pick up a failed call's training where it stopped: fix the cause and "
-        f"start a new cluster (dataplane.run) for the next try."
+        f"the rows that had arrived, possibly none (a Keras fit stops or fails on an empty "
+        f"epoch). A main cannot pick up a failed call's training where it stopped: fix the "
+        f"cause and start a new cluster (dataplane.run) for the next try."
     )
 
 
