@@ -3,7 +3,8 @@
 The classes are defined in :mod:`formats.errors` (the lowest package, so ``formats`` and
 ``feeders`` raise them without importing ``dataplane``); this module re-exports every one, so
 ``except dataplane.errors.SchemaError`` catches exactly what ``formats`` and ``feeders`` raise.
-:func:`error_summary` reads node tracebacks and is the driver's own.
+:func:`error_summary` reads node tracebacks and :func:`spark_job_error` a failed Spark job's
+error; both are the driver's own.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "NotServing",
     "error_summary",
     "known_fix",
+    "spark_job_error",
 ]
 
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
@@ -73,6 +75,37 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
         out.append(ln)
     summary = "\n".join(out)
     return summary if len(summary) <= max_chars else summary[: max_chars - 3] + "..."
+
+
+def spark_job_error(e: BaseException, *, max_lines: int = 8) -> str:
+    """What a failed Spark job's error says went wrong, without the stacks around it.
+
+    One of our own errors raised in a task (a FeedError, a SchemaError, a node that failed to
+    start) is its line; a Python error in a task (a UDF computing the rows) is the end of the
+    Python traceback PySpark quotes after "An exception was thrown from the Python worker:"; a
+    JVM error (a file read fails) is the message that follows Py4J's "An error occurred while
+    calling o85.collectToPython." line, up to the Java stack. Spark Connect's errors already
+    start with their message.
+    """
+    text = str(e).strip()
+    for line in text.splitlines():
+        if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
+            return line.strip()
+    if "Traceback (most recent call last)" in text:
+        return error_summary(text, max_lines=max_lines)
+    lines = text.splitlines()
+    if len(lines) > 1 and _PY4J_CALL.match(lines[0]):
+        said = []
+        for line in lines[1:]:
+            if line.lstrip().startswith("at ") or len(said) == max_lines:
+                break
+            said.append(line.strip())
+        message = re.sub(r"\s*SQLSTATE: \w+", "", " ".join(said).lstrip(": "))
+        return re.sub(r"^(?:[a-z_]\w*\.)+(?=[A-Z])", "", message)[:2000]  # org.apache.spark.
+    return lines[0][:2000] if text else repr(e)
+
+
+_PY4J_CALL = re.compile(r"^An error occurred while calling [\w.]+\.?$")
 
 
 _DICT_OF_COLUMNS = (

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
 from dataplane.errors import ClusterStateError, NodeError, error_summary, known_fix
-from dataplane.driver.feed import Feeder, FeedReport, add_data_notes
+from dataplane.driver.feed import Feeder, FeedReport
 from dataplane.driver.sparkjobs import SparkJob, spark_stopped
 from dataplane.topology import NodeInfo, Topology
 
@@ -246,7 +246,7 @@ class Cluster:
                     failure = _lost(info.describe() if info else f"node {nid}", info, now - st.last_seen)
                     break
         if failure is not None:
-            add_data_notes(failure, self._feeder.data_notes)
+            self._feeder.notes.add_to(failure)
             raise failure
 
     def __enter__(self) -> "Cluster":
@@ -281,7 +281,7 @@ class Cluster:
             # a node whose main failed makes every later call fail at once, with its error
             err = self._node_failure()
             if err is not None:
-                add_data_notes(err, self._feeder.data_notes)
+                self._feeder.notes.add_to(err)
                 raise err
             if spark_stopped(self.spark):
                 raise ClusterStateError(

@@ -114,13 +114,13 @@ def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
             find = (f"If every row should have {hi} values, the others are bad rows: "
                     f"df.where(F.size({name!r}) != {hi}) finds them, or declare "
                     if level == 0 else "Declare ")
-            notes.append(_RaggedNote(
+            notes.append(
                 f"column {name!r}{where} holds {what}, so ctx.dataset() "
                 f"yields it as a tf.RaggedTensor, which a model with a fixed-size input (a Dense "
                 f"layer) cannot take. {find}ctx.dataset(..., shapes={{{name!r}: (...)}}) to have "
                 f"the node name the first row that does not fit; variable-length data needs "
                 f"padding or a model that takes ragged input."
-            ))
+            )
     return notes
 
 
@@ -168,18 +168,32 @@ def _failed_call_note(err: BaseException, cut: Sequence[int]) -> str:
     )
 
 
-class _RaggedNote(str):
-    """A note about a ragged column: only for a failure that is about ragged tensors (a text
-    model takes ragged columns as they are, and fails for reasons of its own)."""
+@dataclass
+class DataNotes:
+    """What the driver knows of the data that may explain why a node's main failed, added to
+    that NodeError's message: a main that fails on bad data rarely says so (Keras: a shape
+    error, "Empty logs", an error about ragged tensors)."""
 
+    # an earlier train() call failed and cut its epochs short; kept until a call succeeds
+    failed_call: str | None = None
+    # the last call's passes were empty (no rows, or fewer rows than workers)
+    empty: list[str] = field(default_factory=list)
+    # array columns of the last call whose rows differ in length: only for a failure about
+    # ragged tensors (a text model takes ragged columns as they are, and fails for reasons of
+    # its own)
+    ragged: list[str] = field(default_factory=list)
 
-def add_data_notes(err: NodeError, notes: Sequence[str]) -> None:
-    """A main that failed on an empty pass rarely says so (Keras: a shape error, or "Empty
-    logs"): end ``err``'s message with what was wrong with the data."""
-    told = f"{err.args[0] if err.args else ''}\n{getattr(err, 'remote_traceback', '')}"
-    notes = [n for n in notes if not isinstance(n, _RaggedNote) or "ragged" in told.lower()]
-    if notes and err.args and isinstance(err.args[0], str) and notes[0] not in err.args[0]:
-        err.args = (f"{err.args[0]}\nThe data may be why: {' '.join(notes)}",)
+    def after_call(self, splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> None:
+        self.empty = _empty_notes(splits, books)
+        self.ragged = _ragged_notes(splits)
+
+    def add_to(self, err: NodeError) -> None:
+        """End ``err``'s message with the notes that bear on it (once)."""
+        told = f"{err.args[0] if err.args else ''}\n{getattr(err, 'remote_traceback', '')}"
+        notes = [self.failed_call] if self.failed_call else []
+        notes += self.empty + (self.ragged if "ragged" in told.lower() else [])
+        if notes and err.args and isinstance(err.args[0], str) and notes[0] not in err.args[0]:
+            err.args = (f"{err.args[0]}\nThe data may be why: {' '.join(notes)}",)
 
 
 @dataclass
@@ -229,10 +243,7 @@ class Feeder:
         self._epoch = 0
         self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
         self._pool: Any = None  # threads sending control actions to the nodes at once
-        # why the last train() call's passes were empty, if they were (see add_data_notes)
-        self.data_notes: list[str] = []
-        # why the last train() call failed, until a call succeeds (see _failed_call_note)
-        self._failed_call: list[str] = []
+        self.notes = DataNotes()  # added to a node's failure by train() and the cluster
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
                               buffer_bytes=buffer_bytes, node_timeout=node_timeout, failure=failure)
 
@@ -289,7 +300,7 @@ class Feeder:
         if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
             logger.warning(_empty_message(name))
         return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows,
-                      dict(scan.ragged))
+                      dict(scan.ragged or {}))
 
     def train(
         self,
@@ -321,9 +332,9 @@ class Feeder:
         if not workers:
             failed = self._failure()  # a main that failed since the cluster last looked
             if failed is not None:
-                add_data_notes(failed, list(dict.fromkeys(self._failed_call + self.data_notes)))
+                self.notes.add_to(failed)
                 raise failed
-            why = "".join(f" The data may be why: {n}" for n in self._failed_call)
+            why = f" The data may be why: {self.notes.failed_call}" if self.notes.failed_call else ""
             raise FeedError(
                 "train(): every chief and worker's main has returned (or failed), so nothing "
                 "would read the data; cluster.shutdown() reports how each main ended." + why
@@ -363,18 +374,16 @@ class Feeder:
                 cut = [ep.epoch for ep in books if ep.limit is None]
                 self._abort(books)
                 if isinstance(e, Exception) and not isinstance(e, NodeError) and cut:
-                    self._failed_call = [_failed_call_note(e, cut)]
-                    self.data_notes = list(self._failed_call)
+                    self.notes = DataNotes(failed_call=_failed_call_note(e, cut))
                 raise
             self._settle(books, report, clock)
         except NodeError as e:
-            # main may have failed on the passes a failed call before this one cut short
-            self.data_notes = self._failed_call + _empty_notes(splits, books) + _ragged_notes(splits)
-            add_data_notes(e, self.data_notes)
+            # (main may have failed on the passes a failed call before this one cut short)
+            self.notes.after_call(splits, books)
+            self.notes.add_to(e)
             raise
-        self._failed_call = []
-        # for a main that fails after train returns
-        self.data_notes = _empty_notes(splits, books) + _ragged_notes(splits)
+        self.notes = DataNotes()  # for a main that fails after train returns
+        self.notes.after_call(splits, books)
         report.seconds = time.monotonic() - t0
         return report
 

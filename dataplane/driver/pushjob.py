@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import pyarrow as pa
 
 from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
-from dataplane.errors import FeedError, NodeError, SchemaError, error_summary
+from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 
@@ -75,8 +75,8 @@ class ShapeScan(NamedTuple):
     shapes: dict[str, tuple[int, ...]]
     rows: int | None
     #: array columns of varying length: name -> the first list level whose lengths differ,
-    #: with its shortest and longest length (level 0: the arrays themselves)
-    ragged: dict[str, tuple[int, int | None, int | None]] = {}
+    #: with its shortest and longest length (level 0: the arrays themselves); None: none
+    ragged: dict[str, tuple[int, int | None, int | None]] | None = None
 
 
 def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
@@ -119,38 +119,8 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     return ShapeScan(out, int(row["rows"]), ragged)
 
 
-def _first_line(e: BaseException) -> str:
-    """The line of a failed job's error that says what went wrong (a task's FeedError or
-    SchemaError, not the Java stack around it)."""
-    text = str(e).strip()
-    for line in text.splitlines():
-        if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
-            return line.strip()
-    if "Traceback (most recent call last)" in text:
-        # a Python error in a task (a UDF computing the rows): PySpark's text starts with "An
-        # exception was thrown from the Python worker:", the error itself is at the end
-        return error_summary(text)
-    lines = text.splitlines()
-    if len(lines) > 1 and _PY4J_CALL.match(lines[0]):
-        # a JVM error (a file read fails): its message follows Py4J's "An error occurred while
-        # calling o85.collectToPython." line, up to the Java stack
-        said = []
-        for line in lines[1:]:
-            if line.lstrip().startswith("at ") or len(said) == 8:
-                break
-            said.append(line.strip())
-        message = re.sub(r"\s*SQLSTATE: \w+", "", " ".join(said).lstrip(": "))
-        return re.sub(r"^(?:[a-z_]\w*\.)+(?=[A-Z])", "", message)[:2000]  # org.apache.spark.
-    return lines[0][:2000] if text else repr(e)
-
-
-_PY4J_CALL = re.compile(r"^An error occurred while calling [\w.]+\.?$")
-
-
 def _schema_message(e: BaseException) -> str | None:
     """A pushing task's SchemaError message, if that is why the job failed."""
-    import re
-
     m = re.search(r"SchemaError: (.+)", str(e))
     return m.group(1).strip() if m else None
 
@@ -299,7 +269,7 @@ class PushJobs:
                 err = self._failure(grace=self._node_timeout + 2.0 if unreachable else 3.0)
                 if err is not None:
                     raise err from e
-                raise FeedError(f"{what} failed: {type(e).__name__}: {_first_line(e)}") from e
+                raise FeedError(f"{what} failed: {type(e).__name__}: {spark_job_error(e)}") from e
             err = self._failure()
             if err is not None:
                 job.cancel()

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from dataplane.driver.cluster import Cluster
 from dataplane.driver.control import ControlServer
-from dataplane.errors import NodeError, ReservationError, error_summary
+from dataplane.errors import NodeError, ReservationError, spark_job_error
 from dataplane.driver.sparkjobs import SparkJob, is_connect
 from dataplane.node.launcher import LAUNCH_SCHEMA, NodeConfig, NodeLauncher
 
@@ -253,7 +253,7 @@ def _await_reservation(cluster: Cluster, control: ControlServer, job: SparkJob, 
             raise NodeError(f["error"], node=None, remote_traceback=f.get("log", ""))
         if job.done() and job.future.exception() is not None:
             e = job.future.exception()
-            summary = error_summary(str(e), max_lines=1)  # the hint follows on the same line
+            summary = spark_job_error(e, max_lines=1)  # the hint follows on the same line
             raise NodeError(
                 f"the job starting the TF nodes failed: {type(e).__name__}: {summary}"
                 f"{_executor_import_hint(summary)}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from dataplane.errors import error_summary
+from dataplane.errors import error_summary, spark_job_error
 
 
 def _traceback_of(fn) -> str:  # type: ignore[no-untyped-def]
@@ -81,8 +81,34 @@ def test_a_failed_spark_job_keeps_the_python_error_without_the_jvm_stack():
     assert error_summary(text) == "ModuleNotFoundError: No module named 'dataplane'"
 
 
+def test_a_failed_spark_job_is_worded_the_same_for_the_launch_and_the_push():
+    # the launch job worded its failure with error_summary alone, which gave Py4J's header line
+    # ("An error occurred while calling o85.collectToPython.") for a JVM error
+    jvm = (
+        "An error occurred while calling o85.collectToPython.\n"
+        ": org.apache.spark.SparkException: [FAILED_READ_FILE.FILE_NOT_EXIST] Encountered error "
+        "while reading file file:///d/part-0.parquet. File does not exist. SQLSTATE: 42K03\n"
+        "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.fileNotExistError(QueryExecutionErrors.scala:1)\n"
+    )
+    assert spark_job_error(RuntimeError(jvm)) == (
+        "SparkException: [FAILED_READ_FILE.FILE_NOT_EXIST] Encountered error while reading file "
+        "file:///d/part-0.parquet. File does not exist."
+    )
+    python = (
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/app/job.py", line 9, in price\n'
+        "ValueError: no price for id 150\n"
+        "  which the report continues\n"
+    )
+    assert spark_job_error(RuntimeError(python)) == "ValueError: no price for id 150\n  which the report continues"
+    assert spark_job_error(RuntimeError(python), max_lines=1) == "ValueError: no price for id 150"
+    ours = "Job aborted\nTraceback (most recent call last):\ndataplane.errors.FeedError: node 1 went away\n"
+    assert spark_job_error(RuntimeError(ours)) == "dataplane.errors.FeedError: node 1 went away"
+
+
 def test_data_notes_name_an_empty_pass_only_when_there_was_one():
-    from dataplane.driver.feed import _EpochBooks, _empty_notes, _Split, add_data_notes
+    from dataplane.driver.feed import DataNotes, _EpochBooks, _empty_notes, _Split
     from dataplane.errors import NodeError
 
     def books(assigned, limit, reading):  # type: ignore[no-untyped-def]
@@ -100,8 +126,8 @@ def test_data_notes_name_an_empty_pass_only_when_there_was_one():
     assert notes == ["the DataFrame given to train(df) has no rows, so every worker's pass over "
                      "it is empty; check the filters or joins that built it."]
     err = NodeError("node 0: main raised:\nValueError: boom")
-    add_data_notes(err, notes)
-    add_data_notes(err, notes)  # the same error raised again by shutdown: said once
+    DataNotes(empty=notes).add_to(err)
+    DataNotes(empty=notes).add_to(err)  # the same error raised again by shutdown: said once
     assert str(err) == f"node 0: main raised:\nValueError: boom\nThe data may be why: {notes[0]}"
 
 
@@ -162,12 +188,16 @@ def test_ragged_columns_are_named_with_their_lengths_and_the_way_to_find_the_row
     assert "Declare ctx.dataset(..., shapes={'img': (...)})" in second, second
     assert _ragged_notes([_Split("train", None, None, b"", {}, rows=5)]) == []
     # said only when the failure is about ragged tensors: a text model fails for other reasons
-    from dataplane.driver.feed import add_data_notes
+    from dataplane.driver.feed import DataNotes
     from dataplane.errors import NodeError
 
     other = NodeError("node 0: main raised:\nRuntimeError: Collective ops must be configured")
-    add_data_notes(other, [first])
+    DataNotes(ragged=[first]).add_to(other)
     assert "The data may be why" not in str(other)
     dense = NodeError("node 0: main raised:\nValueError: ...", remote_traceback="... RaggedMatMul ...")
-    add_data_notes(dense, [first])
+    DataNotes(ragged=[first]).add_to(dense)
     assert str(dense).endswith(f"The data may be why: {first}")
+    # an earlier failed call comes first, then the empty passes, then the ragged columns
+    both = NodeError("node 0: main raised:\nValueError: ragged", remote_traceback="")
+    DataNotes(failed_call="an earlier train() call failed (x).", empty=["no rows."], ragged=[first]).add_to(both)
+    assert str(both).endswith(f"The data may be why: an earlier train() call failed (x). no rows. {first}")
