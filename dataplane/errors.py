@@ -114,6 +114,15 @@ _DICT_OF_COLUMNS = (
     "one-input model); a list of names yields a dict keyed like the model's Inputs."
 )
 
+_RAGGED_INPUT = (
+    "A list column reached the model as a tf.RaggedTensor, which a fixed-size input (a Dense "
+    "layer) cannot take: a list column is ragged when its arrays differ in length or, read "
+    "from files by feeders.parquet_dataset or tfrecord_dataset, when its length is not "
+    "declared. Declare the per-row shape, shapes={'image': (784,)}, on the reader or on "
+    "ctx.dataset (`dataplane inspect PATH` prints it for files); a row of another length then "
+    "fails naming its row. Variable-length data needs padding or a model that takes ragged input."
+)
+
 # TensorFlow errors whose message does not say what the program should do differently here:
 # (every text the traceback must hold, the fix)
 _KNOWN_FIXES = (
@@ -133,6 +142,9 @@ _KNOWN_FIXES = (
     (("The structure of `inputs` doesn't match the expected structure", "Received: inputs={"),
      _DICT_OF_COLUMNS),
     (("Missing data for input", "You passed a data dictionary with keys"), _DICT_OF_COLUMNS),
+    # a list column yielded as a tf.RaggedTensor into a Dense layer: Keras 3, tf_keras
+    (("may not be ragged in their innermost dimension", "RaggedMatMul"), _RAGGED_INPUT),
+    (("only supports RaggedTensors when the innermost dimension is non-ragged",), _RAGGED_INPUT),
 )
 
 

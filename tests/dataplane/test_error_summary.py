@@ -169,6 +169,20 @@ def test_known_tensorflow_failures_get_their_fix():
     tf_keras_dict = ('ValueError: Missing data for input "input_1". You passed a data dictionary '
                      "with keys ['id', 'x']. Expected the following keys: ['input_1']")
     assert "features='x'" in known_fix(keras3_dict) and known_fix(keras3_dict) == known_fix(tf_keras_dict)
+    # a list column the reader yields ragged (its shape not declared) into a Dense layer
+    keras3_ragged = (
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:\n"
+        "assertion failed: [The matrices in `a` and `b` may not be ragged in their innermost "
+        "dimension.] [Condition x == y did not hold element-wise:] [x (sequential_1/dense_1/"
+        "RaggedMatMul/Size:0) = ] [63] [y (sequential_1/dense_1/RaggedMatMul/Size_1:0) = ] [64]\n"
+    )
+    tf_keras_ragged = (
+        "ValueError: Exception encountered when calling layer 'dense' (type Dense).\n"
+        "Dense layer only supports RaggedTensors when the innermost dimension is non-ragged. "
+        "Received: inputs.shape=(None, None).\n"
+    )
+    assert "shapes={'image': (784,)}, on the reader or on ctx.dataset" in known_fix(keras3_ragged)
+    assert known_fix(keras3_ragged) == known_fix(tf_keras_ragged)
     # Keras' bold on and off do not reach the message
     summary = error_summary(keras3_dict)
     assert "\x1b" not in summary and "The structure of `inputs` doesn't match" in summary, summary

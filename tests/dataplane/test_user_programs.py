@@ -702,6 +702,40 @@ def _dense_fit_main(args, ctx):  # type: ignore[no-untyped-def]
     model.fit(ctx.dataset(32, features="x", label="y"), epochs=1, verbose=0)
 
 
+def _pull_dense_fit_main(args, ctx):  # type: ignore[no-untyped-def]
+    import tf_keras as keras
+
+    import feeders
+
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    ds = feeders.parquet_dataset(args["path"], batch_size=32, label="y", shard=ctx)
+    model.fit(ds.map(lambda f, y: (f["x"], y)), epochs=1, verbose=0)
+
+
+def test_an_undeclared_list_column_read_by_a_pull_reader_is_told_its_shapes_fix(spark, tmp_path):
+    """Files with a 4-value array column, every row alike, read without shapes=: the reader
+    yields the column ragged (it cannot know the arrays' length from the schema) and a Dense
+    layer fails in Keras' words; the node's error says to declare the shape."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = np.arange(400, dtype=np.float32).reshape(100, 4)
+    pq.write_table(pa.table({"x": list(x), "y": x.sum(axis=1)}), str(tmp_path / "part-0.parquet"))
+    cluster = dataplane.run(spark, _pull_dense_fit_main, {"path": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        with pytest.raises(NodeError) as info:
+            cluster.shutdown(timeout=60)
+        text = str(info.value)
+        assert "Dense layer only supports RaggedTensors" in text, text  # Keras' own words first
+        assert "A list column reached the model as a tf.RaggedTensor" in text, text
+        assert "shapes={'image': (784,)}, on the reader or on ctx.dataset" in text, text
+        assert "The data may be why" not in text, text  # the driver pushed nothing
+    finally:
+        wait_gone(pids, 30)
+
+
 def test_a_bad_row_making_an_array_column_ragged_is_named_when_the_model_fails(spark):
     """One row of 3 values in a column of 4-value arrays (a bad record): the column arrives
     ragged and Keras' Dense fails on it in its own words; the error adds which column, its
