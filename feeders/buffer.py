@@ -57,6 +57,15 @@ WAIT_HINT_AFTER = 30.0
 logger = logging.getLogger(__name__)
 
 
+def _inner_nulls(col: pa.Array) -> int:
+    """Nulls inside a list column's arrays, at any depth (the rows' own nulls not counted)."""
+    nulls = 0
+    while pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        col = col.flatten()  # the values of the non-null rows, this slice's only
+        nulls += col.null_count
+    return nulls
+
+
 class FeedBuffer:
     """Bounded, deduplicating, epoch-ordered buffer between Flight and tf.data."""
 
@@ -254,7 +263,8 @@ class FeedBuffer:
         wanted, filled = rule
         for i, name in enumerate(batch.schema.names):
             if name in wanted and name not in filled:
-                nulls = batch.column(i).null_count
+                col = batch.column(i)
+                nulls = col.null_count
                 if nulls:
                     raise SchemaError(
                         f"column {name!r} has {nulls} null value(s) in a batch of partition "
@@ -262,6 +272,15 @@ class FeedBuffer:
                         f"Give a fill value on the node (ctx.dataset(fill_values={{{name!r}: 0}})) "
                         f"or clean the DataFrame first (df.na.fill(...) or "
                         f"df.na.drop(subset=[{name!r}]))."
+                    )
+                inner = _inner_nulls(col)
+                if inner:
+                    raise SchemaError(
+                        f"column {name!r} has {inner} null element(s) inside its arrays in a "
+                        f"batch of partition {partition} (epoch {ep.info.epoch}); a tensor cannot "
+                        f"hold a null. Give a fill value on the node "
+                        f"(ctx.dataset(fill_values={{{name!r}: 0}})) or clean the DataFrame first: "
+                        f"df.where(~F.exists({name!r}, lambda v: v.isNull())) drops such rows."
                     )
 
     def drop_cache(self, cache_id: str) -> None:
@@ -434,7 +453,8 @@ class FeedBuffer:
                 return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False,
                         "ended_feed": self._consumer_done}
             out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
-                   "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed}
+                   "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed,
+                   "failure": ep.failure}
             if ep.info.replay is not None:
                 cache = self._caches.get(ep.info.replay)
                 out["cache_rows"] = cache.rows if cache is not None and cache.sealed else None
@@ -621,14 +641,17 @@ class FeedBuffer:
             self._cond.notify_all()
             return out, min(safe, ep.rows_in), (None if ep.feeding else ep.limit)
 
-    def finish_epoch(self, epoch: int, rows_out: int, *, complete: bool = True) -> None:
+    def finish_epoch(self, epoch: int, rows_out: int, *, complete: bool = True,
+                     failure: str | None = None) -> None:
         """The consumer's pass over ``epoch`` has ended, having handed ``rows_out`` rows to
-        TensorFlow; ``complete=False``: it was left early (the rest is refused from now on)."""
+        TensorFlow; ``complete=False``: it was left early (the rest is refused from now on);
+        ``failure``: it ended with that error, which main is about to raise."""
         with self._cond:
             ep = self._epochs.get(epoch)
             if ep is not None:
                 ep.emitted = rows_out
                 ep.complete = complete
+                ep.failure = failure
                 self._close(ep)
                 if not complete:
                     self.metrics["epochs_left_early"] += 1

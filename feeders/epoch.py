@@ -133,6 +133,7 @@ class NodeEpoch:
     closed: bool = False  # the consumer's pass has ended
     ended_feed: bool = False  # ... closed because the node reads no more (consumer_finished)
     complete: bool = False  # ... by reaching the limit
+    failure: str | None = None  # ... by an error (a batch that did not convert): main raises it
     feeding: bool = False  # rows are still being replayed from the cache
     cache: EpochCache | None = None  # recording into it
     parked: ParkedRows | None = None  # rows set aside while another pass starved

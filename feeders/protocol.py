@@ -192,7 +192,8 @@ class EpochState:
     node's pass over the epoch has ended (read to its limit, left early, or main returned),
     ``complete``: it ended by reaching the limit, ``main``: running | finished | failed,
     ``ended_feed``: the pass was closed because the node reads no more pushed rows
-    (``ctx.end_feed()``, ``ctx.serve``).
+    (``ctx.end_feed()``, ``ctx.serve``), ``failure``: the pass ended with this error (a batch
+    that did not convert), which the node's main raises.
     """
 
     rows: int
@@ -201,6 +202,7 @@ class EpochState:
     complete: bool
     main: str
     ended_feed: bool = False
+    failure: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,7 +211,7 @@ class EpochState:
     def from_json(cls, d: dict[str, Any]) -> "EpochState":
         return cls(int(d["rows"]), int(d.get("emitted", 0)), bool(d.get("closed", False)),
                    bool(d.get("complete", False)), str(d.get("main", "running")),
-                   bool(d.get("ended_feed", False)))
+                   bool(d.get("ended_feed", False)), d.get("failure"))
 
 
 @dataclass(frozen=True)

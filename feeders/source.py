@@ -76,6 +76,7 @@ def iterate_epoch(
     pending_rows = pending_bytes = received = emitted = 0
     limit: int | None = None
     complete = False
+    failure: str | None = None
     rng = None
     if info.shuffle:
         import numpy as np
@@ -108,26 +109,33 @@ def iterate_epoch(
                 rows = k * batch_size
                 table, pending = _take_rows(pending, rows)
                 pending_rows -= rows
-                emitted += rows
                 if rng is not None:
                     pending_bytes = sum(b.nbytes for b in pending)
                 if buffer.stopped:  # a stop without drain (the driver is failing): end now
                     return
-                yield convert(table)
+                item = convert(table)  # counted once converted: a batch may fail to
+                emitted += rows
+                yield item
             if final:
                 tail = limit - emitted  # type: ignore[operator]
                 if tail > 0 and not drop_remainder:
                     table, pending = _take_rows(pending, tail)
+                    item = convert(table)
                     emitted += tail
-                    yield convert(table)
+                    yield item
                 complete = True
                 return
     except FeedStopped:
         return
+    except Exception as e:
+        # (a row that does not convert): the driver's train() then waits for main's error
+        # instead of counting the pass as left early
+        failure = f"{type(e).__name__}: {e}"
+        raise
     finally:
         # Also when the pass is left early (GeneratorExit: break, take, steps_per_epoch, a
         # dropped iterator): the buffer then refuses the rest of this epoch at once.
-        buffer.finish_epoch(epoch, emitted, complete=complete)
+        buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure)
 
 
 def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[str, Any]]:

@@ -532,6 +532,15 @@ class Feeder:
                 f"pushed (its traceback has not reached the driver yet; cluster.shutdown() "
                 f"reports it)."
             )
+        broken = {nid: st.failure for nid, st in states.items() if st.failure}
+        if broken:
+            # a batch did not convert: main is raising it (unless it catches it); never counted
+            # as a pass left early, which would let train() return a clean report
+            err = self._failure(grace=10.0)
+            nid, why = sorted(broken.items())[0]
+            raise err if err is not None else FeedError(
+                f"epoch {ep.epoch} ({ep.split}): node {nid}'s pass over it failed: {why}"
+            )
         return states
 
     def _settle(self, books: list[_EpochBooks], report: FeedReport, clock: FeedClock) -> None:

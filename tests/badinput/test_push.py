@@ -121,6 +121,13 @@ CASES = [
                 "FROM range(0, 200, 1, 2)"),
          SchemaError, ("column 'f' has 1 null value(s)", "partition 0", "fill_values", "df.na.drop"),
          within=60, after=_still_trains),
+    # a null inside an array: refused as the rows arrive too, not by main's conversion later
+    Case(TR, "null-inside-an-array-without-fill-value",
+         _train("SELECT id, IF(id = 123, array(1.0f, NULL), array(CAST(id AS FLOAT), 2.0f)) AS f, "
+                "CAST(id AS DOUBLE) AS g FROM range(0, 200, 1, 2)"),
+         SchemaError, ("column 'f' has 1 null element(s) inside its arrays", "partition 1",
+                       "fill_values", "F.exists('f', lambda v: v.isNull())"),
+         within=60, after=_still_trains),
     Case(TR, "no-columns", _train("SELECT * FROM range(10)", df=lambda env: env.spark.range(10).select()),
          SchemaError, ("no columns", "df.select("), after=_still_trains),
     Case(TR, "map-column", _train("SELECT id, map('a', id) AS m FROM range(10)"),

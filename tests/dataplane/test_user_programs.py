@@ -702,6 +702,37 @@ def _dense_fit_main(args, ctx):  # type: ignore[no-untyped-def]
     model.fit(ctx.dataset(32, features="x", label="y"), epochs=1, verbose=0)
 
 
+def _declared_shape_main(args, ctx):  # type: ignore[no-untyped-def]
+    for _ in ctx.dataset(32, shapes={"x": (4,)}):
+        pass
+
+
+def test_a_row_that_does_not_convert_fails_train_instead_of_a_clean_report(spark):
+    """A bad row the node finds only when converting (here: 3 values in a column declared 4
+    wide) ends main's pass with an error. The pass used to count as left early, so a one-epoch
+    train returned a report saying every row was consumed, and only shutdown raised."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 300, 1, 2).select(
+        "id", F.when(F.col("id") == 250, F.array(*[F.lit(1.0).cast("float")] * 3))
+        .otherwise(F.array(*[F.lit(2.0).cast("float")] * 4)).alias("x"))
+    for attempt in range(2):  # the driver may learn of main's failure before or after the pass's
+        cluster = dataplane.run(spark, _declared_shape_main, {}, num_nodes=1)
+        pids = [n.pid for n in cluster.nodes]
+        try:
+            with pytest.raises(NodeError) as info:
+                report = cluster.train(df, 1, feed_timeout=FEED_TIMEOUT)
+                raise AssertionError(f"train returned {report}")
+            text = str(info.value)
+            assert "column 'x' is fed as dense shape (4,)" in text and "has 3 values" in text, text
+        finally:
+            try:
+                cluster.shutdown(timeout=30)
+            except NodeError:
+                pass
+            wait_gone(pids, 30)
+
+
 def _pull_dense_fit_main(args, ctx):  # type: ignore[no-untyped-def]
     import tf_keras as keras
 
