@@ -335,6 +335,29 @@ def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tm
         cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
 
 
+def test_feed_timeout_counts_from_the_last_row_that_moved():
+    # rows move early in the first window (the push fills the buffer), then a node stalls:
+    # the clock used to look only when a window ended, see that rows had moved, and start a
+    # whole new window from then, so train failed after about twice feed_timeout
+    from dataplane.driver.pushjob import FeedClock
+
+    t0 = time.monotonic()
+    clock = FeedClock(2.0, lambda: 100 if time.monotonic() - t0 > 0.2 else 0)
+    while not clock.expired():
+        time.sleep(0.01)
+    assert 2.2 <= time.monotonic() - t0 < 3.2  # 2.2 s after the move, plus a look (0.2 s)
+
+    def unreachable() -> int:
+        raise ConnectionError("node gone")
+
+    t0 = time.monotonic()
+    clock = FeedClock(1.0, lambda: 0)
+    clock._moved = unreachable  # nodes that cannot answer move no rows: expired after 1 s
+    while not clock.expired():
+        time.sleep(0.01)
+    assert 1.0 <= time.monotonic() - t0 < 2.0
+
+
 @pytest.mark.parametrize("rows", [0, 1])
 def test_a_main_failing_on_a_pass_without_rows_is_told_why(spark, rows):
     # The filter that left nothing (or a single row for two workers) is the cause; Keras only
