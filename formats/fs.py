@@ -348,3 +348,20 @@ def list_files(
             f"path."
         )
     return sorted(files)
+
+
+def local_stamp(path: str) -> Any:
+    """What changes when the file at a local ``path``, or any file of the directory there (a
+    SavedModel), is written again: sizes and modification times. None when nothing is there."""
+    try:
+        if os.path.isdir(path):
+            return tuple(sorted(
+                (os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns)
+                for root, _, files in os.walk(path)
+                for f in files
+                for st in (os.stat(os.path.join(root, f)),)
+            ))
+        st = os.stat(path)
+        return (st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None

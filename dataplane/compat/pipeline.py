@@ -287,10 +287,14 @@ _MODELS: dict[tuple[str, str | None, str], Any] = {}
 
 
 def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
-    """The SavedModel's signature, loaded once per executor process."""
+    """The SavedModel's signature, loaded once per executor process and again when its files
+    change (a model retrained and exported to the same directory)."""
+    from formats.fs import local_stamp
+
     cache_key = (export_dir, tag_set, key or "serving_default")
+    stamp = local_stamp(export_dir)
     with _MODEL_LOCK:
-        if cache_key not in _MODELS:
+        if cache_key not in _MODELS or _MODELS[cache_key][2] != stamp:
             import tensorflow as tf
 
             tags = tag_set.split(",") if tag_set else None
@@ -301,7 +305,7 @@ def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
                     f"TFModel: SavedModel {export_dir} has no signature {name!r}; it has "
                     f"{sorted(loaded.signatures)}. setSignatureDefKey to one of them."
                 )
-            _MODELS[cache_key] = (loaded, loaded.signatures[name])
+            _MODELS[cache_key] = (loaded, loaded.signatures[name], stamp)
         return _MODELS[cache_key][1]
 
 

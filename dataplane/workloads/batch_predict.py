@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError
+from formats.fs import local_stamp
 from formats.schema import RaggedColumn, column_specs, to_numpy
 from formats.sparkframe import map_in_arrow, not_a_spark_frame, vector_as_array, vector_columns
 
@@ -35,8 +36,9 @@ __all__ = ["predict", "Predictor", "load_predictor"]
 
 logger = logging.getLogger(__name__)
 
-# Per Python process: (path, layer, loader key) -> Predictor. See _cached_predictor.
-_MODELS: dict[tuple[str, str | None, str], "Predictor"] = {}
+# Per Python process: (path, layer, loader key, input columns) -> (the model files' stamp,
+# Predictor). See _cached_predictor.
+_MODELS: dict[tuple[str, str | None, str, tuple[str, ...]], tuple[Any, "Predictor"]] = {}
 _MODELS_LOCK = threading.Lock()
 
 
@@ -248,19 +250,25 @@ def _loader_key(loader: Callable) -> str:
 def _cached_predictor(
     model_path: str, layer: str | None, input_cols: Sequence[str], loader: Callable
 ) -> Predictor:
-    """This process's Predictor for the model, loading it on first use only."""
-    key = (model_path, layer, _loader_key(loader))
+    """This process's Predictor for the model and columns, loaded again only when the model's
+    files change: Spark reuses its Python workers, and a model retrained and saved to the same
+    path must not be answered by the one loaded before."""
+    key = (model_path, layer, _loader_key(loader), tuple(input_cols))
+    stamp = local_stamp(model_path)
     with _MODELS_LOCK:
-        predictor = _MODELS.get(key)
-        if predictor is None:
-            predictor = loader(model_path, layer, list(input_cols))
-            if not isinstance(predictor, Predictor):
-                raise TypeError(
-                    f"predict: loader {key[2]} returned {type(predictor).__name__}, not a "
-                    f"dataplane.workloads.batch_predict.Predictor."
-                )
-            _MODELS[key] = predictor
-            logger.info("predict: loaded %s (layer %s) in pid %d", model_path, layer, os.getpid())
+        cached = _MODELS.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        predictor = loader(model_path, layer, list(input_cols))
+        if not isinstance(predictor, Predictor):
+            raise TypeError(
+                f"predict: loader {key[2]} returned {type(predictor).__name__}, not a "
+                f"dataplane.workloads.batch_predict.Predictor."
+            )
+        for old in [k for k, (s, _) in _MODELS.items() if k[0] == model_path and s != stamp]:
+            del _MODELS[old]  # an earlier save of this model: never answered again
+        _MODELS[key] = (stamp, predictor)
+        logger.info("predict: loaded %s (layer %s) in pid %d", model_path, layer, os.getpid())
         return predictor
 
 

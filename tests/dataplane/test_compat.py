@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -173,3 +175,27 @@ def test_parallel_instances_keep_their_temp_files_in_spark_scratch(spark, tmp_pa
         scratch = r["local"].split(",")[0]
         assert r["temp"] == os.path.join(scratch, f"dataplane-tmp-{r['pid']}")
         assert os.path.basename(scratch).startswith("blockmgr-")
+
+
+def test_tfmodel_answers_with_a_savedmodel_exported_again_to_the_same_directory(tmp_path):
+    # TFModel's executors keep loaded SavedModels per process (Spark reuses its Python
+    # workers): one retrained and exported to the same export_dir must not be served stale
+    import tensorflow as tf
+
+    from dataplane.compat.pipeline import _signature
+
+    def export(scale: float) -> None:
+        class Scale(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+            def serve(self, x):  # type: ignore[no-untyped-def]
+                return {"y": x * scale}
+
+        m = Scale()
+        tf.saved_model.save(m, str(tmp_path / "export"), signatures={"serving_default": m.serve})
+
+    x = tf.constant([1.0, 2.0])
+    export(2.0)
+    assert _signature(str(tmp_path / "export"), None, None)(x=x)["y"].numpy().tolist() == [2.0, 4.0]
+    time.sleep(0.01)  # (a new modification time even on coarse clocks)
+    export(3.0)
+    assert _signature(str(tmp_path / "export"), None, None)(x=x)["y"].numpy().tolist() == [3.0, 6.0]

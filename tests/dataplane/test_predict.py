@@ -142,6 +142,30 @@ def test_model_loaded_once_per_executor_process(frame, models, tmp_path):
     assert len(workers) <= 4
 
 
+def test_a_model_saved_again_to_the_same_path_is_the_one_that_answers(frame, models, tmp_path):
+    """Retrain, save to the same path, predict again (Spark reuses its Python workers, and the
+    driver's probe runs in this process): the new weights answer, and other input columns work."""
+    import keras
+
+    path = str(tmp_path / "model.keras")
+
+    def save(w):  # type: ignore[no-untyped-def]
+        inp = keras.Input((4,))
+        out = keras.layers.Dense(1, use_bias=False, kernel_initializer=keras.initializers.Constant(w))(inp)
+        keras.Model(inp, out).save(path)
+
+    _, x, _ = models
+    save(1.0)
+    first = _by_id(predict(frame, path, input_cols=["vec"]), "prediction")
+    save(2.0)
+    second = _by_id(predict(frame, path, input_cols=["vec"]), "prediction")
+    scalars = _by_id(predict(frame, path, input_cols=["f0", "f1", "f2", "f3"]), "prediction")
+    sums = x.sum(axis=1)
+    np.testing.assert_allclose([first[i] for i in range(ROWS)], sums, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose([second[i] for i in range(ROWS)], 2 * sums, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose([scalars[i] for i in range(ROWS)], 2 * sums, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "kwargs, exc, text",
     [
