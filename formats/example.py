@@ -191,10 +191,31 @@ def _entry(key: str, kind: str, payload: pa.Array, valid: np.ndarray) -> tuple[p
     return binary(data, offs, valid), payload
 
 
-def _payload(kind: str, leaves: pa.Array, row_leaf_splits: np.ndarray, valid: np.ndarray) -> pa.Array:
+def _float32(name: str, arr: pa.Array) -> np.ndarray:
+    """A float column's values as float32, the only float an Example holds. A finite double
+    beyond float32's range would silently become inf: that is an error naming the column."""
+    vals = np.asarray(arr.to_numpy(zero_copy_only=False))
+    with np.errstate(over="ignore"):
+        out = vals.astype("<f4", copy=False)
+    if vals.dtype == np.float64:
+        bad = np.isinf(out) & np.isfinite(vals)
+        if bad.any():
+            value, more = float(vals[np.argmax(bad)]), int(bad.sum()) - 1
+            also = f" and {more} more value(s)" if more else ""
+            raise SchemaError(
+                f"column {name!r} holds {value!r}{also} beyond "
+                f"float32's range (about ±3.4e38): a tf.train.Example stores floats as float32, "
+                f"so it would be written as inf. Scale the column (or clip it) before the "
+                f"export, or export to Parquet, which keeps doubles."
+            )
+    return out
+
+
+def _payload(kind: str, leaves: pa.Array, row_leaf_splits: np.ndarray, valid: np.ndarray,
+             name: str = "") -> pa.Array:
     """Per-row payload bytes: packed float32 / packed varints / repeated length-prefixed bytes."""
     if kind == "float":
-        vals = np.asarray(leaves.to_numpy(zero_copy_only=False)).astype("<f4", copy=False)
+        vals = _float32(name, leaves)
         return binary(vals.view(np.uint8), row_leaf_splits * 4, valid)
     if kind == "int64":
         data, sizes = varints(_int64_values(leaves).view(np.uint64))
@@ -235,7 +256,7 @@ def _encode_column(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> list[pa
                 f"shape undeclared (ragged) or fix the data."
             )
     kind = feature_kind(spec.dtype)
-    out = list(_entry(spec.name, kind, _payload(kind, flat.leaves, row_leaf, flat.valid), flat.valid))
+    out = list(_entry(spec.name, kind, _payload(kind, flat.leaves, row_leaf, flat.valid, spec.name), flat.valid))
     if spec.is_ragged:
         for d in ragged_dims(spec.shape):
             lengths = np.diff(flat.splits[d]).astype(np.int64)
@@ -283,7 +304,7 @@ def _fixed_entry(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> tuple[byt
         if spec.shape:
             return None
         if kind == "float":
-            vals = np.asarray(arr.to_numpy(zero_copy_only=False)).astype("<f4", copy=False)
+            vals = _float32(spec.name, arr)
             return _fixed_prefix(spec.name, kind, 4), vals.view(np.uint8).reshape(n, 4)
         u = _int64_values(arr).view(np.uint64)
         sizes = varint_sizes(u)
@@ -302,7 +323,7 @@ def _fixed_entry(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> tuple[byt
         return None
     if spec.shape[0] is not None and spec.shape[0] != k:
         return None
-    vals = np.asarray(values.to_numpy(zero_copy_only=False)).astype("<f4", copy=False)
+    vals = _float32(spec.name, values)
     return _fixed_prefix(spec.name, kind, 4 * k), vals.view(np.uint8).reshape(n, 4 * k)
 
 

@@ -75,6 +75,10 @@ CASES = [
          ("no columns", "df.select("), within=60, after=_nothing_written),
     Case(WT, "null-inside-a-list", _wt(NULL_ELEMENT_SQL), SchemaError,
          ("partition", "'v'", "1 null element(s)", "coalesce(x, 0)"), within=180, after=_nothing_written),
+    # a double beyond float32's range: an Example's floats are float32, so it would become inf
+    Case(WT, "double-beyond-float32", _wt("SELECT id, IF(id = 3, 1e300D, id / 3.0D) AS price FROM range(4)"),
+         SchemaError, ("partition", "column 'price' holds 1e+300 beyond float32's range", "Parquet"),
+         within=180, after=_nothing_written),
     Case(WT, "unknown-compression", _wt("SELECT 1 AS id", compression="lz4"), ValueError,
          ("'lz4'", "GZIP"), within=60),
     Case(WT, "num-files-zero", _wt("SELECT 1 AS id", num_files=0), ValueError, ("num_files", "got 0"), within=60),
@@ -107,6 +111,10 @@ CASES = [
     # ------------------------------------------------------------------ parquet_to_tfrecords
     Case(PT, "schema-drift-between-files", _pt(lambda env: bad.drift(env.dir("d"))), SchemaError,
          ("part-1.parquet", "'x'", "string", "bigint", "part-0.parquet", "cast the column"),
+         within=60, after=_nothing_written),
+    Case(PT, "double-beyond-float32", _pt(lambda env: bad.parquet(env.dir("d"), pa.table(
+        {"v": pa.array([[1.0, 2.0], [3.0, -1e300]], pa.list_(pa.float64()))}))), SchemaError,
+         ("a.parquet", "column 'v' holds -1e+300 beyond float32's range", "Scale the column"),
          within=60, after=_nothing_written),
     Case(PT, "missing-source", _pt(lambda env: env.tmp / "nope"), StorageError, ("nope", "does not exist"), within=60),
     Case(PT, "not-a-parquet-file", _pt(lambda env: bad.not_parquet(env.dir("d"))), StorageError,
