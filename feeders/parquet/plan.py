@@ -197,13 +197,14 @@ def plan_parquet(
         units = [(f, None) for f in take_shard(files, shard_t)]
     else:
         groups = [(f, [g]) for f, m in zip(files, metas) for g in range(m.num_row_groups)]
-        if len(groups) < shard_t[1]:
-            logger.warning(
-                "%s has %d file(s) and %d row group(s) for %d shards: shard %d may be empty. "
-                "Write more files or smaller row groups.",
-                loc.url, len(files), len(groups), shard_t[1], shard_t[0],
-            )
         units = take_shard(groups, shard_t)
+        if not units:
+            logger.warning(
+                "%s has %d file(s) and %d row group(s) for %d shards: shard %d (like shards "
+                "%d-%d) has nothing to read. Write more files or smaller row groups, or use "
+                "fewer shards.",
+                loc.url, len(files), len(groups), shard_t[1], shard_t[0], len(groups), shard_t[1] - 1,
+            )
     return ParquetPlan(loc, files, schema, metas, units, hive)
 
 

@@ -39,6 +39,22 @@ def test_row_group_shards_keep_order_and_partition_the_rows(tmp_path, monkeypatc
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(2000))
 
 
+def test_more_shards_than_row_groups_warn_on_the_empty_shards_only(tmp_path, caplog):
+    # the warning named the shard being planned whether or not it got anything
+    write_parquet_files(numeric_table(40), tmp_path, files=2)  # one row group each
+    counts = {}
+    for i in range(5):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=plan.__name__):
+            ds = feeders.parquet_dataset(tmp_path, batch_size=8, shard=(i, 5))
+            counts[i] = sum(int(b["id"].shape[0]) for b in ds)
+        said = [r.getMessage() for r in caplog.records if "nothing to read" in r.getMessage()]
+        assert bool(said) == (counts[i] == 0), (i, counts[i], said)
+        if said:
+            assert f"shard {i} (like shards 2-4) has nothing to read" in said[0], said
+    assert counts == {0: 20, 1: 20, 2: 0, 3: 0, 4: 0}
+
+
 def test_a_file_rewritten_without_a_column_after_planning_is_named(tmp_path):
     files = write_parquet_files(numeric_table(400), tmp_path, files=2)
     ds = feeders.parquet_dataset(tmp_path, batch_size=100)
