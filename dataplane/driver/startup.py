@@ -60,6 +60,29 @@ def _slots(spark: Any) -> int | None:
         return None
 
 
+def _fixed_slots(spark: Any) -> tuple[str, int] | None:
+    """(master, task slots) for a master whose slots never grow: ``local[N]`` and
+    ``local-cluster[E,C,M]``; None for a cluster manager, where executors may still join."""
+    import re
+
+    try:
+        if is_connect(spark):
+            return None
+        conf = spark.sparkContext.getConf()
+        master = str(spark.sparkContext.master)
+        cpus = max(1, int(conf.get("spark.task.cpus", "1")))
+    except Exception:  # noqa: BLE001 - nothing to check against
+        return None
+    local = re.fullmatch(r"local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?", master)
+    if local:
+        cores = (os.cpu_count() or 1) if local.group(1) == "*" else int(local.group(1) or 1)
+        return master, cores // cpus
+    many = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if many:
+        return master, int(many.group(1)) * (int(many.group(2)) // cpus)
+    return None
+
+
 def run(
     spark: Any,
     main: Callable[[Any, Any], Any],
@@ -123,6 +146,16 @@ def run(
         NodeError: a node failed to start (the message carries its error).
     """
     _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range)
+    fixed = _fixed_slots(spark)
+    if fixed is not None and fixed[1] < num_nodes:
+        master, slots = fixed
+        raise ReservationError(
+            f"num_nodes={num_nodes} needs {num_nodes} task slots at once (the nodes start "
+            f"together as one barrier stage), but master {master!r} has {slots}, so they could "
+            f"never all start. Start Spark with enough slots (.master('local[{num_nodes}]')) or "
+            f"lower num_nodes.",
+            missing=list(range(num_nodes)), registered=[],
+        )
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
         raise ValueError(
             f"cache_bytes must be an int >= 0 (bytes of memory per worker for train(cache=True); "

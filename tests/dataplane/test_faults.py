@@ -69,18 +69,59 @@ def _kill_midway(cluster, victim, metric: str, work) -> tuple[dict, float]:  # t
     return outcome, killed_at
 
 
-def test_reservation_timeout_names_missing_nodes_and_slots(spark):
+def test_more_nodes_than_a_local_master_has_slots_fail_at_once(spark):
+    # local[3,3] can never run 4 nodes at once: it waited out reservation_timeout (120 s by
+    # default) to say so
     t0 = time.monotonic()
     with pytest.raises(ReservationError) as info:
-        dataplane.run(spark, idle_main, num_nodes=4, reservation_timeout=5)  # 3 slots only
-    elapsed = time.monotonic() - t0
+        dataplane.run(spark, idle_main, num_nodes=4)
+    assert time.monotonic() - t0 < 5
     e = info.value
     assert e.missing == [0, 1, 2, 3] and e.registered == []
     msg = str(e)
-    assert "did not register within 5 s" in msg and "4 free task slots" in msg
-    assert "3 task slot(s)" in msg and "lower num_nodes" in msg
+    assert "num_nodes=4 needs 4 task slots at once" in msg and "master 'local[3,3]' has 3" in msg, msg
+    assert ".master('local[4]')" in msg and "lower num_nodes" in msg, msg
+    assert _no_active_jobs(spark)
+
+
+def test_reservation_timeout_names_missing_nodes_and_slots(spark):
+    # two of the three slots busy with another job: the nodes wait for slots that stay taken
+    def busy(batches):  # type: ignore[no-untyped-def]
+        time.sleep(60)
+        yield from batches
+
+    def hold() -> None:
+        spark.sparkContext.setJobGroup("busy-slots", "holds two slots", interruptOnCancel=True)
+        _swallow(spark.range(0, 2, 1, 2).mapInArrow(busy, "id long").collect)
+
+    blocker = threading.Thread(target=hold, daemon=True)
+    blocker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(spark.sparkContext.statusTracker().getActiveJobsIds()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # its two tasks have started
+        t0 = time.monotonic()
+        with pytest.raises(ReservationError) as info:
+            dataplane.run(spark, idle_main, num_nodes=2, reservation_timeout=5)
+        elapsed = time.monotonic() - t0
+    finally:
+        spark.sparkContext.cancelJobGroup("busy-slots")
+        blocker.join(30)
+    e = info.value
+    assert e.missing == [0, 1] and e.registered == []
+    msg = str(e)
+    assert "did not register within 5 s" in msg and "2 free task slots" in msg, msg
+    assert "3 task slot(s)" in msg and "lower num_nodes" in msg, msg
     assert elapsed < 30
     assert _no_active_jobs(spark), "the launch job was not cancelled"
+
+
+def _swallow(call) -> None:  # type: ignore[no-untyped-def]
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - the job is cancelled on purpose
+        pass
 
 
 def test_main_raising_on_one_node_and_shutdown_twice(spark, tmp_path):
