@@ -183,7 +183,7 @@ def petastorm_dataset(
     validate_reader_args(batch_size, label, columns)
     shard_t = normalize_shard(shard)
     plan = plan_parquet(url, columns=columns, filesystem=filesystem)
-    wanted = list(columns) if columns is not None else list(plan.schema.names)
+    wanted = list(columns) if columns is not None else list(plan.columns)
     if label is not None and label not in wanted:
         wanted.append(label)
     specs = column_specs(plan.schema, columns=wanted, shapes=shapes)

@@ -102,7 +102,7 @@ def tfio_parquet_dataset(
     validate_reader_args(batch_size, label, columns)
     shard_t = normalize_shard(shard)
     plan = plan_parquet(path, columns=columns)
-    wanted = list(columns) if columns is not None else list(plan.schema.names)
+    wanted = list(columns) if columns is not None else list(plan.columns)
     if label is not None and label not in wanted:
         wanted.append(label)
     specs = column_specs(plan.schema, columns=wanted)

@@ -41,7 +41,8 @@ def parquet_dataset(
             directories (``df.write.partitionBy("day")``) become columns after the files' own:
             ``int64`` when every value is an integer, ``float64`` when every value is a number,
             otherwise ``string``.
-        columns: columns to read, in this order (default: all). Only these are decoded.
+        columns: columns to read, in this order (default: all but the ``__index_level_0__``
+            column pandas writes for the index of a filtered DataFrame). Only these are decoded.
         batch_size: rows per batch; every batch has exactly this many rows except the last.
         label: a column to yield apart: batches become ``(features, label)``.
         shard: ``None``, ``(index, count)`` or a node ``ctx``: read every ``count``-th file
@@ -67,7 +68,7 @@ def parquet_dataset(
 
     validate_reader_args(batch_size, label, columns)
     plan = plan_parquet(path_or_url, columns=columns, shard=shard, filesystem=filesystem)
-    wanted = list(columns) if columns is not None else list(plan.schema.names)
+    wanted = list(columns) if columns is not None else list(plan.columns)
     if label is not None and label not in wanted:
         wanted.append(label)
     if not wanted:

@@ -46,6 +46,9 @@ class ParquetPlan:
         hive: the partition columns and each file's values (:mod:`formats.hive`).
         row_counts: rows per file.
         units: this shard's ``(file, row_groups or None)`` pairs, in read order.
+        columns: what a reader reads when not told which columns: ``schema``'s names but the
+            columns pandas wrote for an unnamed index (``__index_level_0__``: a DataFrame
+            filtered before ``to_parquet`` keeps its row numbers there, which are no feature).
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class ParquetPlan:
         metadata: list[Any],
         units: list[tuple[str, list[int] | None]],
         hive: HiveColumns = HiveColumns(),
+        skipped: Sequence[str] = (),
     ) -> None:
         self.location = location
         self.files = files
@@ -65,6 +69,7 @@ class ParquetPlan:
         self.metadata = metadata
         self.row_counts = [m.num_rows for m in metadata]
         self.units = units
+        self.columns = [n for n in self.schema.names if n not in set(skipped)]
 
     @property
     def num_rows(self) -> int:
@@ -98,6 +103,17 @@ def _read_footer(loc: Location, path: str) -> Any:
         ) from exc
     except OSError as exc:
         raise storage_error(exc, "read the Parquet footer of", where) from exc
+
+
+def pandas_index_columns(schema: pa.Schema) -> list[str]:
+    """The columns pandas' ``to_parquet`` wrote for an unnamed index (``__index_level_N__``)."""
+    import re
+
+    try:
+        listed = (schema.pandas_metadata or {}).get("index_columns", [])
+    except (ValueError, TypeError, AttributeError):  # metadata that is not pandas' JSON
+        return []
+    return [c for c in listed if isinstance(c, str) and re.fullmatch(r"__index_level_\d+__", c)]
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -185,8 +201,10 @@ def plan_parquet(
     else:
         with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
             metas = list(pool.map(lambda p: _read_footer(loc, p), files))
-    schema = plain_schema(metas[0].schema.to_arrow_schema())
-    names = list(columns) if columns is not None else list(schema.names)
+    first = metas[0].schema.to_arrow_schema()
+    schema = plain_schema(first)
+    skipped = [c for c in pandas_index_columns(first) if columns is None or c not in columns]
+    names = list(columns) if columns is not None else [n for n in schema.names if n not in skipped]
     _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
     hive = hive_columns(files, listing_root(loc), schema.names, display=loc.display)
 
@@ -205,7 +223,7 @@ def plan_parquet(
                 "fewer shards.",
                 loc.url, len(files), len(groups), shard_t[1], shard_t[0], len(groups), shard_t[1] - 1,
             )
-    return ParquetPlan(loc, files, schema, metas, units, hive)
+    return ParquetPlan(loc, files, schema, metas, units, hive, skipped)
 
 
 def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:

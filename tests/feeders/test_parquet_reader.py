@@ -55,6 +55,23 @@ def test_more_shards_than_row_groups_warn_on_the_empty_shards_only(tmp_path, cap
     assert counts == {0: 20, 1: 20, 2: 0, 3: 0, 4: 0}
 
 
+def test_the_index_pandas_writes_for_a_filtered_frame_is_no_feature(tmp_path):
+    # df[df.x > 1].to_parquet() stores the row numbers as __index_level_0__ (pandas reads them
+    # back as the index); a reader yielding every column made them a feature, and a second
+    # file written from an unfiltered frame (no such column) failed as "missing from" it
+    import pandas as pd
+
+    df = pd.DataFrame({"x": np.arange(6.0), "y": np.arange(6) % 2})
+    df[df.x > 1].to_parquet(tmp_path / "part-0.parquet")
+    df.to_parquet(tmp_path / "part-1.parquet")
+    assert "__index_level_0__" in pq.read_schema(tmp_path / "part-0.parquet").names
+    feats, labels = zip(*feeders.parquet_dataset(tmp_path, label="y", batch_size=100))
+    assert list(feats[0]) == ["x"]
+    assert np.concatenate([f["x"].numpy() for f in feats]).tolist() == [2.0, 3.0, 4.0, 5.0] + list(np.arange(6.0))
+    asked = next(iter(feeders.parquet_dataset(tmp_path / "part-0.parquet", columns=["__index_level_0__", "x"])))
+    assert asked["__index_level_0__"].numpy().tolist() == [2, 3, 4, 5]
+
+
 def test_a_file_rewritten_without_a_column_after_planning_is_named(tmp_path):
     files = write_parquet_files(numeric_table(400), tmp_path, files=2)
     ds = feeders.parquet_dataset(tmp_path, batch_size=100)
