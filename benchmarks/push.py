@@ -44,7 +44,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from benchmarks.paths import COUNT_SCHEMA, BenchPath, count_partition
-from benchmarks.tfos_util import start_tfos_cluster
+from benchmarks.tfos_util import start_tfos_cluster, stop_tfos_cluster
 
 __all__ = ["TABLES", "TFOS_MAX_ROWS", "BATCH_SIZE", "build", "extra"]
 
@@ -384,7 +384,7 @@ class TFoSPath:
     def close(self) -> None:
         if self.cluster is not None:
             cluster, self.cluster = self.cluster, None
-            cluster.shutdown(timeout=-1)
+            stop_tfos_cluster(cluster)
             # at shutdown next_batch() hands over the partial batch: now every row is counted
 
             def counted() -> int | None:

@@ -11,10 +11,13 @@ so importing this module works on stacks where TFoS cannot be imported.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["start_tfos_cluster"]
+__all__ = ["start_tfos_cluster", "stop_tfos_cluster"]
 
 
 def _loopback_socket(server: Any) -> Any:
@@ -52,3 +55,34 @@ def start_tfos_cluster(sc: Any, map_fun: Callable[[dict[str, Any], Any], None],
         )
     finally:
         reservation.Server.start_listening_socket = original
+
+
+_LEFT: set[Path] = set()  # TFoS managers' socket folders, removed when this process exits
+
+
+def _remove_left() -> None:
+    for folder in _LEFT:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def stop_tfos_cluster(cluster: Any) -> None:
+    """``cluster.shutdown(timeout=-1)``; what TFoS leaves in the temp folder goes at exit.
+
+    In local mode each TFoS node's manager listens on a Unix socket in a ``pymp-*`` folder that
+    ``multiprocessing`` removes only at a clean interpreter exit; Spark's Python workers end with
+    ``os._exit``, so every run used to leave one such folder in ``/tmp``. The socket's path is
+    the node's ``addr`` in ``cluster.cluster_info``. It is removed when this (the driver's)
+    process exits, not now: the Python worker keeps its manager for the next TFoS cluster of
+    the same application.
+    """
+    try:
+        cluster.shutdown(timeout=-1)
+    finally:
+        for node in getattr(cluster, "cluster_info", None) or []:
+            addr = node.get("addr")
+            if isinstance(addr, (str, bytes)):
+                folder = Path(os.fsdecode(addr)).parent
+                if folder.name.startswith("pymp-"):
+                    if not _LEFT:
+                        atexit.register(_remove_left)
+                    _LEFT.add(folder)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tfos_util import start_tfos_cluster
+from benchmarks.tfos_util import start_tfos_cluster, stop_tfos_cluster
 from benchmarks.train import _COMPAT, BATCH_SIZE, _read_json, _write_json, build_model, epochs_of
 
 __all__ = ["PetastormConverterPath", "TFoSFitPath", "tfos_fit_main", "petastorm_unavailable",
@@ -103,7 +103,7 @@ class TFoSFitPath:
     def close(self) -> None:
         if self.cluster is not None:
             cluster, self.cluster = self.cluster, None
-            cluster.shutdown(timeout=-1)
+            stop_tfos_cluster(cluster)
             deadline = time.monotonic() + 60
             got = None
             while time.monotonic() < deadline:

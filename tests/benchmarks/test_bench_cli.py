@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -54,16 +55,22 @@ def quick_run(tmp_path_factory):
         "--rows", str(ROWS), "--mnist-rows", str(ROWS // 4),
         "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"),
     ]
+    before = _pymp_folders()
     proc = subprocess.run(
         cmd, cwd=out, env=_env(), capture_output=True, text=True, timeout=900,
     )
-    return proc, out
+    return proc, out, _pymp_folders() - before
+
+
+def _pymp_folders() -> set[str]:
+    """multiprocessing's temp folders (TFoS's managers listen on Unix sockets in them)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("pymp-*")}
 
 
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_quick_run_of_every_scenario(quick_run):
-    proc, out = quick_run
+    proc, out, _ = quick_run
     assert proc.returncode == 0, proc.stderr[-6000:]
     doc = json.loads((out / "bench.json").read_text())
     scenarios = doc["scenarios"]
@@ -110,6 +117,15 @@ def test_quick_run_of_every_scenario(quick_run):
     assert "| push | numeric | flight-push | ours |" in proc.stdout
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[push/numeric] flight-push" in proc.stderr  # progress went to stderr
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_quick_run_leaves_no_temp_folders_behind(quick_run):
+    # the tfos peers (compat) used to leave one pymp-* folder per run: TFoS's manager socket
+    proc, _, left = quick_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert left == set()
 
 
 def _check_train(sc, *, compat):
