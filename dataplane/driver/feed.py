@@ -525,23 +525,23 @@ class Feeder:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})
         states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
         failed = sorted(nid for nid, st in states.items() if st.main == "failed")
+        # a pass that ended with an error (a batch did not convert): main is raising it unless
+        # it catches it; never counted as a pass left early, which would let train() return a
+        # clean report
+        broken = sorted((nid, st.failure) for nid, st in states.items() if st.failure)
+        if not (failed or broken):
+            return states
+        err = self._failure(grace=10.0)
+        if err is not None:
+            raise err
         if failed:
-            err = self._failure(grace=10.0)
-            raise err if err is not None else FeedError(
+            raise FeedError(
                 f"epoch {ep.epoch}: the main of node(s) {failed} raised while data was being "
                 f"pushed (its traceback has not reached the driver yet; cluster.shutdown() "
                 f"reports it)."
             )
-        broken = {nid: st.failure for nid, st in states.items() if st.failure}
-        if broken:
-            # a batch did not convert: main is raising it (unless it catches it); never counted
-            # as a pass left early, which would let train() return a clean report
-            err = self._failure(grace=10.0)
-            nid, why = sorted(broken.items())[0]
-            raise err if err is not None else FeedError(
-                f"epoch {ep.epoch} ({ep.split}): node {nid}'s pass over it failed: {why}"
-            )
-        return states
+        nid, why = broken[0]
+        raise FeedError(f"epoch {ep.epoch} ({ep.split}): node {nid}'s pass over it failed: {why}")
 
     def _settle(self, books: list[_EpochBooks], report: FeedReport, clock: FeedClock) -> None:
         """Wait until every worker's pass over each pushed epoch has ended, then account for
