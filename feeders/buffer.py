@@ -397,6 +397,12 @@ class FeedBuffer:
                 return None
             return self._epochs[self._announced[split][0]].info
 
+    def last_epoch_info(self, split: str = "train") -> EpochInfo | None:
+        """The info of the newest epoch of ``split`` the driver announced (None if none)."""
+        with self._cond:
+            infos = [ep.info for ep in self._epochs.values() if ep.info.split == split]
+            return max(infos, key=lambda i: i.epoch) if infos else None
+
     def skip_announced(self, split: str = "train", *, before: int | None = None) -> list[int]:
         """Close the announced epochs of ``split`` that no pass has claimed yet (only those
         numbered below ``before``, if given), so their pushes stop instead of waiting for a

@@ -108,6 +108,17 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def _callers_line(exc: BaseException) -> str:
+    """``file, line N`` of the innermost frame of ``exc``'s traceback outside this project's
+    packages and installed libraries: the line in the user's code that made the call."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ours = tuple(os.path.join(root, p) + os.sep for p in ("dataplane", "feeders", "formats"))
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if not f.filename.startswith(ours) and "site-packages" not in f.filename]
+    f = (mine or frames)[-1]
+    return f"{f.filename}, line {f.lineno}"
+
+
 class _Node:
     def __init__(self, config_path: str, ready_fd: int) -> None:
         self.cfg = NodeConfig.load(config_path)
@@ -415,6 +426,12 @@ class _Node:
             if not (isinstance(exc, FeedStopped) and self.stop_event.is_set()):
                 ok, tb_text = False, traceback.format_exc()
                 logger.error("node %d: main raised\n%s", self.node_id, tb_text)
+            else:  # not a failure, but the code after that call in main did not run
+                where = _callers_line(exc)
+                logger.warning(
+                    "node %d: the shutdown stopped main where it waited for data (%s: %s); the "
+                    "rest of main did not run.", self.node_id, where, exc,
+                )
         self.server.main_state = "finished" if ok else "failed"
         if not self.broker.serving:
             from dataplane.errors import error_summary

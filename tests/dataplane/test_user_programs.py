@@ -793,3 +793,58 @@ def test_a_bad_row_making_an_array_column_ragged_is_named_when_the_model_fails(s
         except NodeError:
             pass
         wait_gone(pids, 30)
+
+
+def _dataset_per_pass_main(args, ctx):  # type: ignore[no-untyped-def]
+    """A loop that builds a new ctx.dataset() for every pass, reading until the feed ends, then
+    saves: the code after the loop must run."""
+    seen = []
+    while not ctx.should_stop:
+        ids = [int(i) for b in ctx.dataset(50) for i in b["id"].numpy()]
+        if not ids:
+            break
+        seen.append(sorted(ids))
+    _write(os.path.join(args["dir"], f"saved{ctx.node_id}.json"), seen)
+
+
+def test_a_dataset_built_for_a_pass_after_the_last_epoch_ends_empty_and_main_goes_on(spark, tmp_path):
+    """The pass after the last pushed epoch waits until shutdown. Built with a new
+    ctx.dataset() (not a second iteration of the same one), it used to raise FeedStopped ('shut
+    down before any data was pushed', after 2 epochs), which stopped main before its save
+    without a word, as a shutdown stop is not a failure."""
+    df = spark.range(0, 120, 1, 2)
+    cluster = dataplane.run(spark, _dataset_per_pass_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        report = cluster.train(df, 2, feed_timeout=FEED_TIMEOUT)
+        assert report.rows == 240 and report.spark_jobs == 2
+        cluster.shutdown(timeout=30)
+        assert json.loads((tmp_path / "saved0.json").read_text()) == [list(range(120))] * 2
+    finally:
+        wait_gone(pids, 30)
+
+
+def _reads_once_then_saves_main(args, ctx):  # type: ignore[no-untyped-def]
+    _write(os.path.join(args["dir"], "started.json"), True)
+    for _ in ctx.dataset(10):
+        pass
+    _write(os.path.join(args["dir"], "saved.json"), True)
+
+
+def test_a_shutdown_that_stops_main_waiting_for_its_first_data_says_so(spark, tmp_path, capsys):
+    """No train() call: the shutdown stops main inside ctx.dataset(). Not a failure, but the
+    code after it (the save) did not run, and the node's log now says where main stopped."""
+    cluster = dataplane.run(spark, _reads_once_then_saves_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        wait_json(tmp_path / "started.json")
+        time.sleep(1)  # main waits in ctx.dataset()
+        cluster.shutdown(timeout=30)
+        assert not (tmp_path / "saved.json").exists()
+        err = capsys.readouterr().err
+        line = next((ln for ln in err.splitlines() if "the shutdown stopped main" in ln), err[-3000:])
+        assert line.startswith("[node 0 chief]"), line
+        assert "where it waited for data (" + __file__ in line, line
+        assert "the cluster shut down before any 'train' data was pushed); the rest of main did not run." in line, line
+    finally:
+        wait_gone(pids, 30)
