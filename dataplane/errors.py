@@ -4,12 +4,14 @@ The classes are defined in :mod:`formats.errors` (the lowest package, so ``forma
 ``feeders`` raise them without importing ``dataplane``); this module re-exports every one, so
 ``except dataplane.errors.SchemaError`` catches exactly what ``formats`` and ``feeders`` raise.
 :func:`error_summary` reads node tracebacks and :func:`spark_job_error` a failed Spark job's
-error; both are the driver's own.
+error; both are the driver's own. :func:`model_input_nulls` words a null sent to a model
+(inference and ``dataplane.predict``).
 """
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from formats.errors import (
     ClusterStateError,
@@ -23,6 +25,9 @@ from formats.errors import (
     StackError,
     StorageError,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "DataplaneError",
@@ -38,6 +43,7 @@ __all__ = [
     "error_summary",
     "known_fix",
     "spark_job_error",
+    "model_input_nulls",
 ]
 
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
@@ -162,3 +168,36 @@ def known_fix(traceback_text: str) -> str | None:
 _NOT_MESSAGE = ("Traceback (most recent call last)", 'File "', "During handling", "The above exception",
                 "[[", "Error in user-defined function", "at ", "... ", "Caused by", "Driver stacktrace",
                 "JVM stacktrace", "SQLSTATE")
+
+
+def model_input_nulls(name: str, arr: "pa.Array", where: str, who: str) -> SchemaError | None:
+    """The error for nulls in ``arr``, a model input column (``who`` calls the model:
+    ``"inference"`` or ``"predict"``), with the fix to make on the DataFrame; None if it has
+    none. A null row and a null inside a row's array are cleaned differently (``fillna`` does
+    not fill arrays)."""
+    import numpy as np
+    import pyarrow as pa
+
+    def is_list(a: "pa.Array") -> bool:
+        return pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type)
+
+    if arr.null_count:
+        first = int(np.argmax(np.asarray(arr.is_null())))
+        fill = (f"F.coalesce(F.col({name!r}), F.array())" if is_list(arr)
+                else f"df.fillna({{{name!r}: 0}})")
+        return SchemaError(
+            f"{who}: column {name!r} has {arr.null_count} null value(s) in {where} (the first in "
+            f"row {first} of its batch); a model input cannot hold nulls. Fill them before "
+            f"{who} ({fill}) or drop those rows (df.na.drop(subset=[{name!r}]))."
+        )
+    inner = arr
+    while is_list(inner):
+        inner = inner.flatten()
+        if inner.null_count:
+            return SchemaError(
+                f"{who}: column {name!r} has {inner.null_count} null element(s) inside its arrays "
+                f"in {where}; a model input cannot hold nulls. Fill them before {who} "
+                f"(df.withColumn({name!r}, F.transform({name!r}, lambda v: F.coalesce(v, F.lit(0))))) "
+                f"or drop those rows (df.where(~F.exists({name!r}, lambda v: v.isNull())))."
+            )
+    return None

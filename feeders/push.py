@@ -277,6 +277,9 @@ class PartitionInferrer:
     max_rows: int = 4096
     timeout: float | None = None
     tls_root_certs: bytes | None = None
+    # where the output columns and types came from, for errors: "output_schema" (the caller
+    # declared them) or "probe" (predict's answer to a 4-row probe batch)
+    schema_from: str = "probe"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -321,50 +324,90 @@ class PartitionInferrer:
                             f"expected request {seq} with {chunk.num_rows} rows."
                         )
                     seq += 1
-                    yield _assemble(chunk, reply.data, self.passthrough, out_names, out_schema, node_id)
+                    yield _assemble(chunk, reply.data, self.passthrough, out_names, out_schema, node_id,
+                                    self.schema_from)
             if begun:
                 writer.done_writing()
             writer.close()
         except flight.FlightError as e:
+            # a node that answered with predict's error (or a misfit answer) needs no guess
+            # about dead nodes or lazy DataFrames; one that is gone or stopping does
+            answered = isinstance(e, flight.FlightServerError) and Refusal.NODE_STOPPING.value not in str(e)
             raise FeedError(
                 f"inference of partition {part} on node {node_id} at {loc} failed: "
-                f"{flight_message(e)}. {_INFER_HINT}"
+                f"{flight_message(e)}" + ("" if answered else f". {_INFER_HINT}")
             ) from e
 
 
-def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id) -> pa.RecordBatch:  # type: ignore[no-untyped-def]
+def _leaves(a: pa.Array) -> pa.Array:
+    while pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type):
+        a = a.flatten()
+    return a
+
+
+def _first_overflow(before: pa.Array, after: pa.Array) -> float | None:
+    """A finite float of ``before`` that the cast made infinite (float64 to float32), or None."""
+    import pyarrow.compute as pc
+
+    src, dst = _leaves(before), _leaves(after)
+    if not (pa.types.is_floating(src.type) and pa.types.is_floating(dst.type)) or len(src) != len(dst):
+        return None
+    grew = pc.and_(pc.is_inf(dst), pc.invert(pc.is_inf(src)))
+    if not pc.any(grew).as_py():
+        return None
+    return src.filter(grew)[0].as_py()
+
+
+def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id, schema_from) -> pa.RecordBatch:  # type: ignore[no-untyped-def]
     cols = [chunk.column(c) for c in passthrough]
     for name in out_names:
         idx = reply.schema.get_field_index(name)
         if idx < 0:
+            if schema_from == "output_schema":
+                why = (f"output_schema declares {out_names}; declare only the outputs predict "
+                       f"returns, or return {name!r} too")
+            else:
+                why = ("it returned them for the first (probe) batch; predict must return the same "
+                       "keys for every batch")
             raise FeedError(
                 f"inference: node {node_id}'s predict did not return output {name!r} for this "
-                f"batch (it returned {reply.schema.names}); predict must return the same keys "
-                f"for every batch."
+                f"batch (it returned {reply.schema.names}); {why}."
             )
         cols.append(reply.column(idx))
     arrays = []
     for col, want in zip(cols, out_schema):
         if col.type != want.type:
-            col = _conform_answer(col, want, node_id)
+            col = _conform_answer(col, want, node_id, schema_from)
         arrays.append(col)
     return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
 
 
-def _conform_answer(col: pa.Array, want: pa.Field, node_id: int) -> pa.Array:
-    """``col`` as the output column's declared type: cast, and an answer with more list levels
-    than declared (predict returned ``[rows, 2, 3]`` for a declared ``list<float>``) flattened
-    to the declared depth, row by row."""
+def _conform_answer(col: pa.Array, want: pa.Field, node_id: int, schema_from: str = "probe") -> pa.Array:
+    """``col`` as the output column's type: cast, and an answer with more list levels than
+    declared (predict returned ``[rows, 2, 3]`` for a declared ``list<float>``) flattened to
+    the declared depth, row by row. A float that the cast would turn into infinity is an
+    error, as integer overflow is."""
     from formats.schema import list_depth, list_offsets
 
     while list_depth(col.type) > max(list_depth(want.type), 1):
         inner = col.values  # whole child arrays: offsets index them unrebased
         col = pa.ListArray.from_arrays(pa.array(list_offsets(inner)[list_offsets(col)]), inner.values)
+    source = ("the type output_schema declares" if schema_from == "output_schema"
+              else "the type predict returned for the first (probe) batch")
+    fix = ("return that type, or declare what predict returns in output_schema"
+           if schema_from != "output_schema" else "return that type, or declare another in output_schema")
     try:
-        return col.cast(want.type)
+        out = col.cast(want.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise SchemaError(
             f"inference: node {node_id}'s predict returned output {want.name!r} as {col.type}, "
-            f"which does not convert to its declared type {want.type} ({e}); return that type, "
-            f"or declare what predict returns in output_schema."
+            f"which does not convert to {want.type}, {source} ({e}); {fix}."
         ) from None
+    big = _first_overflow(col, out)
+    if big is not None:
+        raise SchemaError(
+            f"inference: node {node_id}'s predict returned output {want.name!r} as {col.type} "
+            f"with the value {big!r}, beyond the range of {want.type}, {source}; {fix} "
+            f"(e.g. pa.float64())."
+        )
+    return out

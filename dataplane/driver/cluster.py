@@ -165,12 +165,20 @@ class Cluster:
 
         Args:
             df: input rows.
-            passthrough: input columns copied to the output (keys to join on).
-            columns: input columns sent to predict (default: all).
-            output_schema: predict's output columns; default: learned from a 4-row probe.
-                Required for a streaming ``df``, whose result is then a stream too.
+            passthrough: input columns copied to the output (keys to join on): a name, a
+                list of names, or None for none.
+            columns: input columns sent to predict, a name or a list (default: all).
+            output_schema: predict's output columns, a ``pyarrow.Schema``; default: learned
+                from a 4-row probe. Required for a streaming ``df``, whose result is then a
+                stream too. A float answer beyond a float32 output's range is an error, not
+                infinity.
             feed_timeout: per-call deadline for the node's answers.
-            max_rows: rows per request batch.
+            max_rows: rows per request batch (a positive int).
+
+        Raises:
+            ValueError / TypeError: an argument above that is not what it says (checked here,
+                not in the Spark tasks).
+            SchemaError: a named column is not in ``df``.
         """
         self._check_running("inference")
         return self._feeder.inference(

@@ -45,13 +45,26 @@ def inference(
             "pa.float32())]); the result is then a streaming DataFrame too (start it with "
             "writeStream)."
         )
+    passthrough = _column_list(passthrough, "passthrough")
+    columns = None if columns is None else _column_list(columns, "columns")
+    if columns == []:
+        raise ValueError(
+            "inference(columns=[]) would send predict no input; name the columns predict reads, "
+            "or leave columns=None to send every column."
+        )
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows <= 0:
+        raise ValueError(f"max_rows (rows per request to a node) must be a positive int, got {max_rows!r}.")
+    if output_schema is not None and not isinstance(output_schema, pa.Schema):
+        raise TypeError(
+            f"output_schema must be a pyarrow.Schema, e.g. pa.schema([('y', pa.float64())]), "
+            f"got {type(output_schema).__name__} {output_schema!r}."
+        )
     df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     if not getattr(df, "isStreaming", False):
         # Spark spends tens of ms on every Python task and each opens its exchange streams:
         # 200 partitions (a join's output) of 100,000 rows took 7 s a pass against 0.5 s
         df = feeder.few_tasks(df)
     in_schema = arrow_schema_of(df)
-    passthrough = list(passthrough)
     for c in passthrough:
         if c not in in_schema.names:
             raise SchemaError(
@@ -64,6 +77,7 @@ def inference(
     servers = feeder.live_workers()
     if not servers:
         raise FeedError("no chief or worker node is running main, so nothing can answer inference.")
+    schema_from = "probe" if output_schema is None else "output_schema"
     if output_schema is None:
         output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
     clash = [f.name for f in output_schema if f.name in passthrough]
@@ -82,8 +96,27 @@ def inference(
         output_schema_ipc=out_schema.serialize().to_pybytes(),
         max_rows=max_rows,
         tls_root_certs=feeder.tls_root,
+        schema_from=schema_from,
     )
     return map_in_arrow(df, inferrer, from_arrow_schema(out_schema))
+
+
+def _column_list(value: Any, what: str) -> list[str]:
+    """``passthrough=`` / ``columns=`` as a list: one name, or a sequence of distinct names
+    (``passthrough=None``: none)."""
+    if value is None and what == "passthrough":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, dict)) or not isinstance(value, Sequence) or not all(
+        isinstance(c, str) for c in value
+    ):
+        raise TypeError(f"{what} must be a column name or a list of column names, got {value!r}.")
+    names = list(value)
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise ValueError(f"{what} lists column(s) {twice} more than once; name each column once.")
+    return names
 
 
 def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]

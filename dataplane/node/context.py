@@ -237,6 +237,7 @@ class NodeContext:
     def _serve_loop(self, broker, predict) -> None:  # type: ignore[no-untyped-def]
         import queue
 
+        from dataplane.errors import model_input_nulls
         from formats.schema import column_specs, to_numpy
 
         while not self._stop.is_set():
@@ -245,6 +246,10 @@ class NodeContext:
             except queue.Empty:
                 continue
             try:
+                for name, col in zip(batch.schema.names, batch.columns):
+                    err = model_input_nulls(name, col, f"a request of {batch.num_rows} rows", "inference")
+                    if err is not None:
+                        raise err
                 specs = column_specs(batch.schema)
                 arrays = to_numpy(batch, specs)
                 outputs = predict(

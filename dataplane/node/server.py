@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -156,8 +157,10 @@ class NodeServer(flight.FlightServerBase):
             except SchemaError as e:  # the rows or predict's answer do not fit (not predict's error)
                 raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
             except Exception as e:  # the user's predict raised: report it to the caller
+                where = "".join(traceback.format_tb(e.__traceback__)[-3:]).rstrip()
                 raise flight.FlightServerError(
-                    f"node {self.node_id}: predict raised {type(e).__name__}: {e}"
+                    f"node {self.node_id}: predict raised {type(e).__name__}: {e}\n"
+                    f"Traceback on node {self.node_id} (innermost calls):\n{where}"
                 ) from None
             if not started:
                 writer.begin(out.schema)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dataplane.errors import SchemaError, StorageError
+from dataplane.errors import SchemaError, StorageError, model_input_nulls
 from formats.fs import local_stamp
 from formats.schema import RaggedColumn, column_specs, to_numpy
 from formats.sparkframe import map_in_arrow, not_a_spark_frame, vector_as_array, vector_columns
@@ -308,13 +308,9 @@ def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str],
     for col in cols:
         arr = batch.column(col)
         c = (shown or {}).get(col, col)
-        if arr.null_count:
-            first = int(np.argmax(np.asarray(arr.is_null())))
-            raise SchemaError(
-                f"predict: column {c!r} has {arr.null_count} null value(s) in {where} (the "
-                f"first in row {first} of its batch); a model input cannot hold nulls. Fill "
-                f"them first (df.fillna({{{c!r}: 0}}) or coalesce) or filter those rows."
-            )
+        err = model_input_nulls(c, arr, where, "predict")
+        if err is not None:
+            raise err
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or len(arr) < 2:
             continue
         lengths = np.asarray(arr.value_lengths().fill_null(-1))

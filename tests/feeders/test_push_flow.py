@@ -192,5 +192,27 @@ def test_inference_answers_keep_their_shape_and_conform_to_the_declared_types():
     flat = _conform_answer(batch.column("mask").slice(1), pa.field("mask", pa.list_(pa.int64())), 3)
     assert flat.to_pylist() == [[6, 7, 8, 9, 10, 11]]
     with pytest.raises(SchemaError, match=r"node 3's predict returned output 'name' as string, which "
-                                          r"does not convert to its declared type float"):
+                                          r"does not convert to float, the type predict returned for "
+                                          r"the first \(probe\) batch"):
         _conform_answer(pa.array(["a"]), pa.field("name", pa.float32()), 3)
+    with pytest.raises(SchemaError, match=r"which does not convert to float, the type output_schema "
+                                          r"declares .*declare another in output_schema"):
+        _conform_answer(pa.array(["a"]), pa.field("name", pa.float32()), 3, "output_schema")
+
+
+def test_an_inference_answer_beyond_float32_is_an_error_not_infinity():
+    import pyarrow as pa
+
+    from feeders.push import _conform_answer
+    from formats.errors import SchemaError
+
+    # a float64 answer cast to a float32 output: 1e300 became inf without a word
+    with pytest.raises(SchemaError, match=r"output 'y' as double with the value 1e\+300, beyond the "
+                                          r"range of float, the type output_schema declares"):
+        _conform_answer(pa.array([0.0, 1e300]), pa.field("y", pa.float32()), 1, "output_schema")
+    with pytest.raises(SchemaError, match=r"output 'v' as list<item: double> with the value -3e\+39"):
+        _conform_answer(pa.array([[1.0], [2.0, -3e39]]).slice(1), pa.field("v", pa.list_(pa.float32())), 1)
+    # infinities and NaN that predict returned stay as they are; in-range values are cast
+    same = _conform_answer(pa.array([float("inf"), float("nan"), 1.5, 3e38]), pa.field("y", pa.float32()), 1)
+    assert same.type == pa.float32() and str(same.to_pylist()[:3]) == "[inf, nan, 1.5]"
+    assert abs(same.to_pylist()[3] - 3e38) < 1e32
