@@ -109,6 +109,14 @@ def feed_stream(
         )
     if not hasattr(cluster, "train"):
         raise TypeError(f"feed_stream: cluster must be a dataplane.Cluster, got {type(cluster)}.")
+    if type(stream_df).__module__.startswith("pyspark.sql.connect"):
+        raise TypeError(
+            "feed_stream needs a classic SparkSession: under Spark Connect, foreachBatch runs its "
+            "function in a Python process of the Spark server, which cannot hold this driver's "
+            "cluster. Build the stream on a classic session (SparkSession.builder.master(...)), "
+            "or train on static DataFrames with cluster.train. (Inference of a stream, "
+            "cluster.inference(stream_df, output_schema=...), works under Spark Connect.)"
+        )
     state = getattr(cluster, "_state", "running")
     if state != "running":
         raise ValueError(f"feed_stream: the cluster is {state}; start one with dataplane.run.")

@@ -177,7 +177,7 @@ def _spark_context(spark: Any) -> Any:
     if not hasattr(sc, "parallelize"):
         raise TypeError(
             f"tune: spark must be a classic SparkSession or SparkContext, got "
-            f"{type(spark).__name__}. Spark Connect sessions cannot run per-trial jobs; use a "
+            f"{type(spark).__module__}.{type(spark).__name__}. Spark Connect sessions cannot run per-trial jobs; use a "
             f"classic session (SparkSession.builder.master(...)) for tune."
         )
     return sc

@@ -44,6 +44,13 @@ _SCRIPT = textwrap.dedent(
         # push once, replay shuffled: one Spark job for both epochs
         rep = c.train(df, num_epochs=2, cache=True, shuffle=True, seed=7)
         result["cached"] = [rep.rows, rep.spark_jobs, rep.epochs]
+        if mode == "connect":  # foreachBatch cannot carry the cluster: said before the query starts
+            from dataplane.workloads.streaming import feed_stream
+            try:
+                feed_stream(c, spark.readStream.format("rate").load())
+                result["feed_stream"] = "started"
+            except Exception as e:
+                result["feed_stream"] = [type(e).__name__, str(e)]
         deadline = time.monotonic() + 120
         while len(glob.glob(os.path.join(out, "node*-epoch3.json"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -121,3 +128,5 @@ def test_separate_executor_jvms_local_cluster(tmp_path):
 def test_spark_connect_start_feed_inference_shutdown(tmp_path):
     result = _run("connect", tmp_path)
     assert result["session"] == "pyspark.sql.connect.session"
+    kind, text = result["feed_stream"]
+    assert kind == "TypeError" and text.startswith("feed_stream needs a classic SparkSession"), text
