@@ -311,6 +311,11 @@ class TFCluster:
         """Feed every element of ``dataRDD`` to the workers ``num_epochs`` times (0: 10, as
         TFoS) and return once they have taken it all (or terminated the feed, or returned).
 
+        As in TFoS, every element reaches a worker: workers may get a few rows more or fewer
+        than each other (``dataplane.Cluster.train`` instead drops up to one row per partition
+        so that every worker yields the same batches). A MultiWorkerMirroredStrategy program
+        bounds its steps (``fit(steps_per_epoch=...)``), as TFoS's examples do.
+
         Raises:
             NodeError: a node's ``map_fun`` raised (the cluster is shut down).
             FeedError: the nodes took no rows for ``feed_timeout`` seconds.
@@ -326,7 +331,9 @@ class TFCluster:
         if hasattr(dataRDD, "schema") and hasattr(dataRDD, "rdd"):
             dataRDD = dataRDD.rdd  # a DataFrame: its Rows are tuples, as TFoS's pipeline feeds
         df = rdd_to_dataframe(self.spark, dataRDD)
-        report = self.cluster.train(df, num_epochs=num_epochs or 10, feed_timeout=feed_timeout)
+        self.cluster._check_running("train")
+        report = self.cluster._feeder.train(df, num_epochs=num_epochs or 10, feed_timeout=feed_timeout,
+                                            balance=False)
         # Cluster.train returns once every worker's pass over each epoch has ended: TFoS's
         # train returned once the nodes had taken every row, so there is nothing more to wait for.
         logger.info("TFCluster.train: pushed %d rows in %.1f s", report.rows, report.seconds)

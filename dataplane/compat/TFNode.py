@@ -168,6 +168,16 @@ class _NodeFeed:
         _until_stop(ctx)  # after terminate() inference requests may still come, until shutdown
         self.items.put(_END_FEED)
 
+    def next_item(self) -> Any:
+        """The next item for ``next_batch``. A map_fun blocked here waits for the driver (more
+        rows, an inference request, or the feed's end at shutdown), so it counts as idle:
+        ``cluster.shutdown`` then ends the feed at once instead of waiting for main (a worker
+        that called ``terminate()`` and reads on for inference rows waited out the timeout)."""
+        try:
+            return self.items.get_nowait()
+        except queue.Empty:
+            return self._ctx._buffer.waiting_for_driver(self.items.get)
+
     def took_chunk(self) -> None:
         self._room.release()
 
@@ -188,7 +198,10 @@ class _NodeFeed:
         results: list[Any] = []
         while len(results) < len(rows):
             try:
-                results.extend(self.results.get(timeout=0.5))
+                got = self.results.get(timeout=0.5)
+                if isinstance(got, BaseException):
+                    raise got  # batch_results refused the answers: the request fails with why
+                results.extend(got)
             except queue.Empty:
                 if self._ctx.should_stop or self.ended:
                     raise FeedError(
@@ -265,6 +278,7 @@ class DataFeed:
         )
         self._feed = mgr._node_feed()
         self._pending: list[Any] = []
+        self._last_rows = 0  # rows the last next_batch returned (batch_results answers them)
         self._feed.start_reader()
         if not self.train_mode:
             self._feed.start_serving()
@@ -272,7 +286,7 @@ class DataFeed:
     def _next_item(self) -> Any:
         if self._pending:
             return self._pending.pop(0)
-        item = self._feed.items.get()
+        item = self._feed.next_item()
         if isinstance(item, list):
             if not isinstance(item, _Request):
                 self._feed.took_chunk()
@@ -303,6 +317,7 @@ class DataFeed:
             if isinstance(item, BaseException):
                 raise FeedError(f"the node's training feed failed: {item}") from item
             rows.append(item)
+        self._last_rows = len(rows)
         if self.input_tensors is None:
             return rows
         out: dict[str, list[Any]] = {t: [] for t in self.input_tensors}
@@ -322,7 +337,16 @@ class DataFeed:
                 "batch_results() on a node with no DataFeed(ctx.mgr, train_mode=False): create "
                 "the feed with train_mode=False to answer cluster.inference."
             )
-        self._feed.results.put(list(results))
+        results = list(results)
+        if len(results) != self._last_rows:
+            # the inference request would wait for the missing answers until feed_timeout
+            err = ValueError(
+                f"batch_results got {len(results)} result(s) for the {self._last_rows} row(s) "
+                f"of the last next_batch; TFoS inference needs exactly one result per row."
+            )
+            self._feed.results.put(err)
+            raise err
+        self._feed.results.put(results)
 
     def terminate(self) -> None:
         """Stop the feed early: this node reads no more rows (TFoS's ``terminate``).

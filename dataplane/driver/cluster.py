@@ -209,8 +209,8 @@ class Cluster:
         shutdown waits for, and Ctrl-C stops the nodes at once); one that polls the flag is
         told to stop once ``timeout`` runs out. Then every node is told to stop: datasets
         waiting for more data end, ``ctx.serve`` returns, and a main that still runs after
-        ``stop_grace`` seconds is ended with its process (a parameter server's
-        ``server.join()``, say).
+        ``stop_grace`` seconds is ended with its process; a parameter server's (its
+        ``server.join()`` never returns) after one second.
 
         ``drain=False`` skips the first step: the nodes are told to stop at once. Leaving a
         ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since

@@ -84,8 +84,10 @@ class _EpochBooks:
     replay: str | None = None  # the nodes replay this cache instead of a Spark job
     assigned: dict[int, int] = field(default_factory=dict)  # node -> rows the split gave it
     received: dict[int, int] = field(default_factory=dict)
-    limit: int | None = None
+    limit: int | None = None  # rows every reading worker yields (balanced), else the fewest
+    limits: dict[int, int] = field(default_factory=dict)  # node -> rows it was told to yield
     reading: set[int] = field(default_factory=set)  # nodes told the limit
+    balance: bool = True  # every reading worker yields the same rows (MWMS needs it)
     ending: list[Any] = field(default_factory=list)  # (node, future) of the END_EPOCH actions
 
 
@@ -149,7 +151,7 @@ def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> li
         known = any(sp.name == ep.split and sp.rows == 0 for sp in splits)
         # (limit 0 with rows pushed: too few rows only if two or more workers still read it;
         # with none reading, every worker left the epoch early)
-        if ep.limit == 0 and ep.assigned and not known and (pushed == 0 or len(ep.reading) > 1):
+        if ep.limit == 0 and ep.assigned and not known and (pushed == 0 or (ep.balance and len(ep.reading) > 1)):
             notes.append(_empty_message(ep.split) if pushed == 0 else _too_few_message(ep, pushed))
             break
     return list(dict.fromkeys(notes))
@@ -313,6 +315,7 @@ class Feeder:
         shuffle: bool = False,
         seed: int | None = None,
         validation: Any = None,
+        balance: bool = True,
     ) -> FeedReport:
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
@@ -352,7 +355,7 @@ class Feeder:
         books: list[_EpochBooks] = []
         for e in range(num_epochs):
             for sp in splits:
-                ep = _EpochBooks(self._epoch, list(workers), sp.name, sp)
+                ep = _EpochBooks(self._epoch, list(workers), sp.name, sp, balance=balance)
                 self._epoch += 1
                 if sp.name in caches:
                     cid, recorded = caches[sp.name]
@@ -398,9 +401,10 @@ class Feeder:
                 live = {n.node_id for n in self._live_workers()}
                 nodes = [n for n in ep.workers if n.node_id in live]
                 replies = self._each(nodes, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
-                got = [int(r["rows"]) for r in replies.values() if not r.get("closed")]
-                ep.limit = min(got, default=0)
-                self._each(nodes, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": ep.limit})
+                held = {nid: int(r["rows"]) for nid, r in replies.items()}
+                ep.limit = min((v for nid, v in held.items() if not replies[nid].get("closed")), default=0)
+                self._each(nodes, Action.END_EPOCH,
+                           lambda n: {"epoch": ep.epoch, "limit": min(ep.limit, held[n.node_id])})
             except Exception as e:  # noqa: BLE001 - the original error is what the user needs
                 logger.warning("could not end epoch %d on every node after a failed push: %s", ep.epoch, e)
                 return
@@ -471,7 +475,7 @@ class Feeder:
         # what retried attempts repeat), so a worker that refused nothing holds exactly what
         # was sent to it: the limit needs no round trip to ask the nodes first.
         reading = {n.node_id for n in ep.workers if n.node_id not in refused}
-        self._end_epoch(ep, reading, min((sent.get(nid, 0) for nid in reading), default=0))
+        self._end_epoch(ep, reading, sent)
         if ep.record is not None:
             self._caches[ep.split].assigned = dict(ep.assigned)
 
@@ -511,15 +515,22 @@ class Feeder:
         ep.assigned = {n.node_id: recorded.get(n.node_id, rows[n.node_id]) for n in ep.workers}
         ep.received = {nid: int(v) for nid, v in rows.items()}
         reading = {nid for nid, st in states.items() if not st.closed and st.main == "running"}
-        self._end_epoch(ep, reading, min((ep.received[nid] for nid in reading), default=0))
+        self._end_epoch(ep, reading, ep.received)
 
-    def _end_epoch(self, ep: _EpochBooks, reading: set[int], limit: int) -> None:
+    def _end_epoch(self, ep: _EpochBooks, reading: set[int], held: dict[int, int]) -> None:
         """Tell every worker how many rows to yield for ``ep``: the fewest any worker still
-        reading it holds, so all of them yield the same number (of rows, and of batches)."""
+        reading it holds, so all of them yield the same number (of rows, and of batches); with
+        ``ep.balance`` off (TFoS's ``TFCluster.train``, which feeds every element), each its
+        own. A worker that refused the epoch is never told more than it holds (``held``)."""
+        limit = min((held.get(nid, 0) for nid in reading), default=0)
         ep.limit, ep.reading = limit, reading
+        for n in ep.workers:
+            own = held.get(n.node_id, 0)
+            ep.limits[n.node_id] = own if not ep.balance or n.node_id not in reading else min(limit, own)
         # not waited for here: the next epoch's job starts at once, and _settle's long poll,
         # which needs the limit to have arrived, checks the replies first
-        ep.ending = self._send(ep.workers, Action.END_EPOCH, lambda n: {"epoch": ep.epoch, "limit": limit})
+        ep.ending = self._send(ep.workers, Action.END_EPOCH,
+                               lambda n: {"epoch": ep.epoch, "limit": ep.limits[n.node_id]})
 
     def _states(self, ep: _EpochBooks, wait: float = 0.0) -> dict[int, EpochState]:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})
@@ -580,7 +591,7 @@ class Feeder:
                 msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split)}"
                 report.messages.append(msg)
                 logger.warning(msg)
-            if ep.limit == 0 and pushed and len(ep.reading) > 1:
+            if ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1:
                 msg = _too_few_message(ep, pushed)
                 report.messages.append(msg)
                 logger.warning(msg)
@@ -596,7 +607,7 @@ class Feeder:
                 received = ep.received.get(nid, st.rows)
                 report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + received
                 if nid in ep.reading and st.complete:
-                    dropped = received - (ep.limit or 0)
+                    dropped = received - ep.limits.get(nid, ep.limit or 0)
                     report.dropped_for_balance += dropped
                     left = assigned - st.emitted - dropped
                 else:

@@ -129,6 +129,7 @@ class _Node:
         self.node_id: int = self.cfg.node_id
         self.secret = self.cfg.secret
         self.stop_event = threading.Event()
+        self.role: str | None = None  # known once the driver sends the topology
         self.driver_lost = threading.Event()
         self.main_finished = threading.Event()
         self.tensorboard: subprocess.Popen | None = None
@@ -318,6 +319,7 @@ class _Node:
             self._exit_cleanly(client, tf_sock, tb_sock)
             return 0
         me = topology.node(self.node_id)
+        self.role = me.role
         tf_sock.close()
         os.environ["TF_CONFIG"] = json.dumps(topology.tf_config(me))
         log_dir = self.cfg.log_dir
@@ -341,7 +343,9 @@ class _Node:
     def _watchdog(self) -> None:
         """After a stop request, give main ``stop_grace`` seconds, then leave regardless."""
         self.stop_event.wait()
-        if not self.main_finished.wait(float(self.cfg.stop_grace)):
+        # a parameter server's main is server.join(), which never returns: no grace to wait
+        grace = min(1.0, float(self.cfg.stop_grace)) if self.role == "ps" else float(self.cfg.stop_grace)
+        if not self.main_finished.wait(grace):
             logger.warning("node %d: main did not return after stop; exiting anyway", self.node_id)
             try:
                 self._send_with_log(self._driver(), "done", {"exiting": True}, timeout=5.0, final=True)

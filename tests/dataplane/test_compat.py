@@ -11,8 +11,8 @@ import pytest
 from dataplane.compat import InputMode, TFCluster, rdd_to_dataframe
 from dataplane.compat.TFNode import decode_rows
 from dataplane.errors import ClusterStateError, SchemaError
-from tests.dataplane.clusterutil import wait_json
-from tests.dataplane.tfos_programs import feed_and_answer_main
+from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
+from tests.dataplane.tfos_programs import every_element_main, feed_and_answer_main, ps_joins_main, short_answer_main
 
 ELEMENTS = [([float(i), i / 2.0, -1.0], i, f"row{i}") for i in range(60)]
 
@@ -72,6 +72,91 @@ def test_tfos_program_trains_terminates_and_infers(spark, tmp_path):
     got = sorted((r[3], r[4], tuple(r[1])) for r in info["rows"])
     assert got == sorted((e[1], e[2], tuple(e[0])) for e in ELEMENTS)
     assert results == [f"{e[1] * 10}:{e[2]}" for e in ELEMENTS]
+
+
+def _labels(tmp_path, want: int, timeout: float = 60.0) -> list[int]:
+    """Every label the two workers' map_fun has read, once their count reaches ``want``."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    got: list[int] = []
+    while time.monotonic() < deadline:
+        got = []
+        for i in (0, 1):
+            p = tmp_path / f"node{i}.json"
+            if p.exists():
+                try:
+                    got += json.loads(p.read_text())
+                except ValueError:  # being replaced
+                    break
+        if len(got) >= want:
+            break
+        time.sleep(0.1)
+    return got
+
+
+def test_tfos_train_on_two_workers_feeds_every_element_and_survives_a_terminate(spark, tmp_path):
+    """TFoS feeds every element: 103 rows in 3 partitions over 2 workers lost one row an
+    epoch (the same one: id 85) to the equal-batches rule of Cluster.train. And a worker that
+    terminate()s while the other reads on made the next epoch fail with 'rows were lost in
+    transit' (it was told the other worker's row count), after which shutdown waited its
+    whole timeout."""
+    sc = spark.sparkContext
+    rdd = sc.parallelize([([float(i)], i) for i in range(103)], 3)
+    cluster = TFCluster.run(sc, every_element_main, {"dir": str(tmp_path), "more": 30}, 2, 0, False,
+                            InputMode.SPARK)
+    pids = [n.pid for n in cluster.cluster.nodes]
+    try:
+        cluster.train(rdd, 2)
+        _labels(tmp_path, 206 - 2 * 6)  # (each worker's next_batch(7) may still hold 6 rows)
+        (tmp_path / "terminate").touch()
+        t0 = time.monotonic()
+        cluster.train(rdd, 2, feed_timeout=60)  # worker 1 terminates on the way: no error
+        assert time.monotonic() - t0 < 50
+        t0 = time.monotonic()
+        cluster.shutdown(timeout=120)  # the feed's end hands map_fun its last partial batches
+        assert time.monotonic() - t0 < 30
+        got = _labels(tmp_path, 0)
+        counts = [got.count(i) for i in range(103)]
+        # the first train: every element twice; the second: worker 0's share twice, worker 1's
+        # 30-36 rows before its terminate(), the rest of its share refused
+        assert min(counts) >= 2 and max(counts) <= 4 and len(got) == sum(counts), counts
+        assert 206 + 30 < len(got) < 412, len(got)
+    finally:
+        if cluster.cluster._state == "running":
+            cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
+
+
+def test_tfos_batch_results_with_a_result_missing_fails_the_inference_at_once(spark):
+    sc = spark.sparkContext
+    cluster = TFCluster.run(sc, short_answer_main, {}, 1, 0, False, InputMode.SPARK)
+    pids = [n.pid for n in cluster.cluster.nodes]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(sc.parallelize([([1.0], i) for i in range(20)], 2), feed_timeout=300).collect()
+        assert time.monotonic() - t0 < 60  # it waited for the missing answer until feed_timeout
+        assert "batch_results got 3 result(s) for the 4 row(s) of the last next_batch" in str(info.value)
+    finally:
+        try:
+            cluster.shutdown(timeout=30)
+        except Exception:  # noqa: BLE001 - map_fun raised: shutdown reports it
+            pass
+        wait_gone(pids, 30)
+
+
+def test_a_parameter_server_that_joins_forever_does_not_hold_up_shutdown(spark):
+    """A ps's map_fun is server.join(), which never returns: shutdown waited out stop_grace
+    (120 s) for it on every run; TFoS stops its ps nodes at once."""
+    cluster = TFCluster.run(spark.sparkContext, ps_joins_main, None, 2, num_ps=1,
+                            input_mode=InputMode.TENSORFLOW)
+    pids = [n.pid for n in cluster.cluster.nodes]
+    assert sorted(n.role for n in cluster.cluster.nodes) == ["chief", "ps"]
+    t0 = time.monotonic()
+    cluster.shutdown(timeout=120)
+    assert time.monotonic() - t0 < 30
+    wait_gone(pids, 30)
 
 
 def test_spark_only_calls_refused_in_tensorflow_mode(spark):

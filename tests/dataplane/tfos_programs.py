@@ -212,3 +212,47 @@ def failing_main(args, ctx):  # type: ignore[no-untyped-def]
 
     TFNode.DataFeed(ctx.mgr, False).next_batch(3)
     raise RuntimeError("map_fun failed on purpose")
+
+
+def every_element_main(args, ctx):  # type: ignore[no-untyped-def]
+    """A TFoS training loop on two workers: next_batch until should_stop, keeping every row's
+    label. Once ``dir/terminate`` exists, worker 1 reads ``args["more"]`` rows, then
+    terminate()s and goes on calling next_batch (for inference rows) until shutdown."""
+    from dataplane.compat import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr)
+    seen, after, terminated = [], None, False
+    path = os.path.join(args["dir"], f"node{ctx.worker_num}.json")
+    while not feed.should_stop():
+        batch = feed.next_batch(7)
+        seen.extend(int(r[1]) for r in batch)
+        if batch:
+            with open(path + ".tmp", "w") as f:
+                json.dump(seen, f)
+            os.replace(path + ".tmp", path)
+        if ctx.worker_num == 1 and not terminated:
+            if after is None and os.path.exists(os.path.join(args["dir"], "terminate")):
+                after = len(seen)
+            if after is not None and len(seen) >= after + args["more"]:
+                feed.terminate()
+                terminated = True
+
+
+def short_answer_main(args, ctx):  # type: ignore[no-untyped-def]
+    """Answers inference with one result too few per batch."""
+    from dataplane.compat import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    while not feed.should_stop():
+        batch = feed.next_batch(7)
+        if batch:
+            feed.batch_results([row[1] for row in batch][:-1])
+
+
+def ps_joins_main(args, ctx):  # type: ignore[no-untyped-def]
+    """InputMode.TENSORFLOW with a ps: the ps blocks as server.join() does; the worker returns."""
+    import time
+
+    if ctx.job_name == "ps":
+        while True:
+            time.sleep(1)
