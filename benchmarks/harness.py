@@ -389,6 +389,7 @@ def run_scenario(
         out["error"] = _error_text(exc)
         progress(f"[{label}] cannot run: {out['error']}")
         return out
+    out["path_names"] = sorted({p.name for p in paths})  # what --peers may name
     if peers is not None:
         wanted = set(peers)
         paths = [p for p in paths if p.kind in ("ours", "stage") or p.name in wanted]

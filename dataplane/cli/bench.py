@@ -218,11 +218,27 @@ def _run_on_data(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     _write_outputs(doc, args, progress.line)
+    unknown = _unknown_peers(doc, peers)
+    if unknown:
+        progress.line(unknown)
+        return 2
     failed = _failed(doc)
     if failed:
         progress.line("failed: " + ", ".join(failed))
         return 1
     return 0
+
+
+def _unknown_peers(doc: dict, peers: list[str] | None) -> str | None:
+    """The error for --peers names that no scenario of the run has (a typo ran only ours)."""
+    if not peers:
+        return None
+    names = sorted({n for sc in doc.get("scenarios", []) for n in sc.get("path_names", [])})
+    unknown = [p for p in peers if p not in names]
+    if not unknown or not names:
+        return None
+    return (f"dataplane bench: --peers names no path of this run: {', '.join(unknown)}; "
+            f"the paths are: {', '.join(names)}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
             progress=progress, idle_wait=_idle_wait(args), epochs=args.epochs,
         )
     _write_outputs(doc, args, progress)
+    unknown = _unknown_peers(doc, peers)
+    if unknown:
+        progress(unknown)
+        return 2
     failed = _failed(doc)
     if failed:
         progress("failed: " + ", ".join(failed))

@@ -22,10 +22,22 @@ __all__ = ["add_arguments", "run", "node_main"]
 logger = logging.getLogger(__name__)
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an int >= 1 (a bad value is a usage error naming the flag, before
+    Spark or any node starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
-    parser.add_argument("--batch-size", type=int, default=32, help="per-worker batch (default 32)")
-    parser.add_argument("--nodes", type=int, default=2, help="TF nodes (default 2)")
+    parser.add_argument("--epochs", type=_positive, default=20, help="training epochs (default 20)")
+    parser.add_argument("--batch-size", type=_positive, default=32, help="per-worker batch (default 32)")
+    parser.add_argument("--nodes", type=_positive, default=2, help="TF nodes (default 2)")
     parser.add_argument("--master", default=None, help="Spark master (default: local[N], N = nodes)")
     parser.add_argument("--seed", type=int, default=0)
 

@@ -89,6 +89,7 @@ def test_quick_run_of_every_scenario(quick_run):
         assert sc["row_bytes"] == {"numeric": 68, "mnist": 3144}[sc["table"]]
         assert sc["results"], where
         names = {r["path"] for r in sc["results"]}
+        assert set(sc["path_names"]) == names, where  # what --peers is checked against
         if sc["scenario"] in SCENARIO_PATHS:
             assert names == SCENARIO_PATHS[sc["scenario"]], where
         assert any(r["kind"] == "ours" for r in sc["results"]), where
@@ -205,6 +206,19 @@ def _doc():
             }
         ],
     }
+
+
+def test_a_peer_name_no_scenario_has_is_an_error():
+    # `--peers nosuch` ran only our paths and exited 0
+    from dataplane.cli.bench import _unknown_peers
+
+    doc = {"scenarios": [{"path_names": ["flight-push", "flight-raw", "tfos"]},
+                         {"path_names": ["in-memory", "tfos"]}]}
+    assert _unknown_peers(doc, ["tfos", "in-memory"]) is None
+    assert _unknown_peers(doc, None) is None
+    assert _unknown_peers(doc, ["tfos", "nosuch"]) == (
+        "dataplane bench: --peers names no path of this run: nosuch; the paths are: flight-push, "
+        "flight-raw, in-memory, tfos")
 
 
 def test_markdown_table_from_json():

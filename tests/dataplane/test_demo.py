@@ -35,3 +35,13 @@ def test_demo_trains_to_a_real_accuracy():
     acc = float(re.search(r"accuracy (\d\.\d+)\n", out[out.index("inference on"):]).group(1))
     assert acc >= 0.85 and val >= 0.85, out  # a 64-16-10 MLP reaches ~0.97 on digits
     assert re.search(r"inference on 359 held-out rows in \d+\.\d s", out), out
+
+
+@pytest.mark.parametrize("flag, value", [("--nodes", "0"), ("--epochs", "0"), ("--batch-size", "-1"), ("--nodes", "two")])
+def test_demo_refuses_a_bad_number_before_starting_spark(flag, value):
+    # --nodes 0 started Spark and failed naming num_nodes; --batch-size -1 failed in a node
+    exe = os.path.join(os.path.dirname(sys.executable), "dataplane")
+    proc = subprocess.run([exe, "demo", flag, value], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument {flag}: expected a whole number >= 1, got" in proc.stderr, proc.stderr
+    assert "Spark" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
