@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", default=None,
                         help="tfrecord: gzip or zlib (default none); parquet: snappy (default), "
                              "gzip, zstd or none")
+    parser.add_argument("--src-compression", default=None, choices=["gzip", "zlib"],
+                        help="TFRecord SRC only: how its files are compressed (default: from its "
+                             "_tf_schema.json or each file's suffix, .gz / .zlib)")
     parser.add_argument("--num-files", type=int, default=None, metavar="N",
                         help="write N files (repartitions; default one per partition)")
     parser.add_argument("--master", default=None, metavar="URL",
@@ -214,7 +217,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         return _parquet_to_tfrecord(spark, args, dst, dst_created, compression, started)
     try:
         if source_format == "tfrecord":
-            df = formats.read_tfrecords(spark, args.src)
+            df = formats.read_tfrecords(spark, args.src, compression=args.src_compression)
         else:
             df = spark.read.parquet(args.src)
         if not df.columns:
@@ -222,7 +225,8 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         if df.isEmpty():
             return _fail(f"SRC {args.src} has no rows; there is nothing to export.")
     except DataplaneError as exc:
-        return _fail(f"cannot read SRC {args.src}: {exc}")
+        hint = " (here: --src-compression gzip or zlib)" if "pass compression=" in str(exc) else ""
+        return _fail(f"cannot read SRC {args.src}: {exc}{hint}")
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
         return _fail(f"cannot read SRC {args.src} as {source_format}: {_spark_error_text(exc)}")
 

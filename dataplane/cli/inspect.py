@@ -227,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         info = describe(args.path, fmt=args.fmt, compression=args.compression,
                         sample=args.sample, count=not args.no_count)
     except (DataplaneError, ValueError, OSError) as exc:
-        print(f"dataplane inspect: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        hint = " (here: --compression gzip or zlib)" if "pass compression=" in str(exc) else ""
+        print(f"dataplane inspect: error: {' '.join(str(exc).split())}{hint}", file=sys.stderr)
         return _EXIT_FAILED
     print(json.dumps(info, indent=1) if args.json else _render(info))
     return 0

@@ -311,6 +311,13 @@ class _Framer:
         )
 
     def _corrupt_length(self, start: int, length: int) -> RecordError:
+        head = bytes(self.buf[:2]) if start == 0 and self.base == 0 else b""
+        if head == b"\x1f\x8b":  # GZIP's magic bytes, in a file read as uncompressed
+            return RecordError(
+                f"{self.name}: not an uncompressed TFRecord file: it starts with GZIP's magic "
+                f"bytes (1f 8b), so it is GZIP-compressed without a .gz suffix; pass "
+                f"compression='GZIP'."
+            )
         return RecordError(
             f"{self.name}: corrupt record at byte offset {start}: the CRC of the length field "
             f"does not match (length read: {length}). The file is damaged or is not a "

@@ -38,6 +38,16 @@ def _run(command: str, make, *extra: str):
     return build
 
 
+def _gzipped(d: Path) -> Path:
+    """The TFRecord file in ``d`` GZIP-compressed under the same name (no .gz suffix), as
+    tf.io.TFRecordWriter(path, 'GZIP') writes it."""
+    import gzip
+
+    f = d / "part-00000.tfrecord"
+    f.write_bytes(gzip.compress(f.read_bytes()))
+    return d
+
+
 def _nonempty_dst(env: Env) -> Path:
     (env.dir("dst") / "keep.txt").write_text("x")
     return bad.parquet(env.dir("src"), numeric_table(3))
@@ -49,6 +59,8 @@ CASES = [
          ("dataplane inspect: error:", "nope does not exist", "check the path")),
     Case(IN, "corrupt-tfrecord", _run("inspect", lambda env: bad.corrupt_tfrecord(env.dir("d"))), CliError,
          ("part-00000.tfrecord", "corrupt record at byte offset 0", "rewrite it")),
+    Case(IN, "gzip-tfrecord-without-suffix", _run("inspect", lambda env: _gzipped(bad.tfrecords(env.dir("d"), numeric_table(3)))),
+         CliError, ("part-00000.tfrecord", "it starts with GZIP's magic bytes", "--compression gzip")),
     Case(IN, "empty-tfrecord-file", _run("inspect", lambda env: bad.empty_file(env.dir("d"), "part-0.tfrecord"),
                                          "--format", "tfrecord"),
          CliError, ("part-0.tfrecord", "every file is empty")),

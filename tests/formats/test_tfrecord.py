@@ -347,3 +347,23 @@ def test_damage_inside_a_run_of_one_length_is_caught_where_it_is(tmp_path, damag
             for batch in tfrecord.iter_record_batches(f, name="f", batch_records=50):
                 seen.extend(batch)
     assert seen == UNIFORM[:150]  # record 151's run (150..199) is held back whole
+
+
+@pytest.mark.parametrize("source", ["stream", "bytes"])
+def test_a_gzip_file_read_as_uncompressed_is_told_it_is_gzip(tmp_path, source):
+    # a GZIP TFRecord without a .gz suffix (tf.io.TFRecordWriter's options) read as plain: the
+    # message named damage first; the magic bytes say what it is
+    import gzip
+    import io
+
+    raw = io.BytesIO()
+    tfrecord.write_records(raw, MANY[:10])
+    p = tmp_path / "part-0.tfrecord"
+    p.write_bytes(gzip.compress(raw.getvalue()))
+    with pytest.raises(RecordError, match=r"^f: not an uncompressed TFRecord file: it starts with GZIP's "
+                                          r"magic bytes \(1f 8b\), so it is GZIP-compressed without a "
+                                          r"\.gz suffix; pass compression='GZIP'\.$"):
+        with open(p, "rb", buffering=0) as f:
+            list(_batches(f if source == "stream" else f.read(), batch_records=4))
+    with open(p, "rb") as f, pytest.raises(RecordError, match="GZIP-compressed without a .gz suffix"):
+        list(tfrecord.iter_records(f, name="f"))
