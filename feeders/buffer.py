@@ -621,6 +621,11 @@ class FeedBuffer:
                 while True:
                     if self._stopped:
                         raise FeedStopped("the node is shutting down")
+                    if ep.closed:
+                        # the node ended its feed (ctx.end_feed, TFoS's terminate) while this
+                        # pass was open: its queued rows are dropped, so the pass ends here
+                        # rather than finding fewer rows than the driver's limit
+                        raise FeedStopped(f"epoch {epoch} was closed: the node ended its feed")
                     if ep.queue or (ep.parked is not None and ep.parked.rows) or (
                             ep.limit is not None and not ep.feeding):
                         break
