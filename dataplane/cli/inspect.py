@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+# neither a Parquet file nor named or described as TFRecords: read as TFRecords, and a first
+# record that does not check out then means "not a format inspect reads" (a CSV, say)
+_GUESSED_TFRECORD = "tfrecord?"
+
+
 def _detect(path: str) -> str:
     from formats.fs import list_files, resolve
     from formats.schemafile import SCHEMA_FILE_NAME
@@ -55,7 +60,7 @@ def _detect(path: str) -> str:
     if loc.filesystem.get_file_info(f"{directory}/{SCHEMA_FILE_NAME}").type == fs.FileType.File:
         return "tfrecord"
     with loc.filesystem.open_input_stream(files[0], compression=None) as f:
-        return "parquet" if f.read(4) == b"PAR1" else "tfrecord"
+        return "parquet" if f.read(4) == b"PAR1" else _GUESSED_TFRECORD
 
 
 def _tf_text(spec: Any) -> str:
@@ -146,9 +151,19 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
                 "bytes": sum(sizes), "schema_source": "parquet footer",
                 "columns": columns, "files": files}
 
+    from dataplane.errors import RecordError
     from feeders.tfrecord import count_records, plan_tfrecord
 
-    plan = plan_tfrecord(path, compression=compression, sample=sample)
+    try:
+        plan = plan_tfrecord(path, compression=compression, sample=sample)
+    except RecordError as exc:
+        if fmt != _GUESSED_TFRECORD or "at byte offset 0:" not in str(exc):
+            raise
+        raise RecordError(
+            f"{path} is neither Parquet (no PAR1 magic bytes) nor TFRecords (its first record's "
+            f"header does not check out); inspect reads those two formats only. If it is one of "
+            f"them, pass --format parquet or --format tfrecord to see why it does not read."
+        ) from None
     loc = plan.location
     sizes = _file_sizes(loc, plan.files)
     rows_per_file: list[int | None] = [None] * len(plan.files)

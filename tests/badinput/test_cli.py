@@ -38,6 +38,14 @@ def _run(command: str, make, *extra: str):
     return build
 
 
+def _csv(d: Path, text: str = "id,x\n1,2.5\n2,3.5\n") -> Path:
+    # read as a TFRecord, it failed on a "length read: 2482365392562186530" CRC mismatch (or,
+    # under 12 bytes, a "truncated record header")
+    f = d / "data.csv"
+    f.write_text(text)
+    return f
+
+
 def _gzipped(d: Path) -> Path:
     """The TFRecord file in ``d`` GZIP-compressed under the same name (no .gz suffix), as
     tf.io.TFRecordWriter(path, 'GZIP') writes it."""
@@ -61,6 +69,10 @@ CASES = [
          ("part-00000.tfrecord", "corrupt record at byte offset 0", "rewrite it")),
     Case(IN, "gzip-tfrecord-without-suffix", _run("inspect", lambda env: _gzipped(bad.tfrecords(env.dir("d"), numeric_table(3)))),
          CliError, ("part-00000.tfrecord", "it starts with GZIP's magic bytes", "--compression gzip")),
+    Case(IN, "csv-file", _run("inspect", lambda env: _csv(env.dir("d"))), CliError,
+         ("data.csv is neither Parquet (no PAR1 magic bytes) nor TFRecords", "--format parquet")),
+    Case(IN, "tiny-text-file", _run("inspect", lambda env: _csv(env.dir("d"), "a,b\n1,2\n")), CliError,
+         ("data.csv is neither Parquet (no PAR1 magic bytes) nor TFRecords",)),
     Case(IN, "empty-tfrecord-file", _run("inspect", lambda env: bad.empty_file(env.dir("d"), "part-0.tfrecord"),
                                          "--format", "tfrecord"),
          CliError, ("part-0.tfrecord", "every file is empty")),
