@@ -176,23 +176,19 @@ def model_input_nulls(name: str, arr: "pa.Array", where: str, who: str) -> Schem
     none. A null row and a null inside a row's array are cleaned differently (``fillna`` does
     not fill arrays)."""
     import numpy as np
-    import pyarrow as pa
 
-    def is_list(a: "pa.Array") -> bool:
-        return pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type)
+    from formats.schema import is_list_type, list_levels
 
     if arr.null_count:
         first = int(np.argmax(np.asarray(arr.is_null())))
-        fill = (f"F.coalesce(F.col({name!r}), F.array())" if is_list(arr)
+        fill = (f"F.coalesce(F.col({name!r}), F.array())" if is_list_type(arr.type)
                 else f"df.fillna({{{name!r}: 0}})")
         return SchemaError(
             f"{who}: column {name!r} has {arr.null_count} null value(s) in {where} (the first in "
             f"row {first} of its batch); a model input cannot hold nulls. Fill them before "
             f"{who} ({fill}) or drop those rows (df.na.drop(subset=[{name!r}]))."
         )
-    inner = arr
-    while is_list(inner):
-        inner = inner.flatten()
+    for inner in list_levels(arr):
         if inner.null_count:
             return SchemaError(
                 f"{who}: column {name!r} has {inner.null_count} null element(s) inside its arrays "

@@ -44,7 +44,7 @@ import pyarrow as pa
 from feeders.cache import EpochCache
 from feeders.epoch import ConsumerFinished, EpochClosed, EpochInfo, FeedStopped, NodeEpoch, ParkedRows
 from formats.errors import FeedError, SchemaError
-from formats.schema import same_columns, schema_text
+from formats.schema import list_levels, same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
 
@@ -59,11 +59,7 @@ logger = logging.getLogger(__name__)
 
 def _inner_nulls(col: pa.Array) -> int:
     """Nulls inside a list column's arrays, at any depth (the rows' own nulls not counted)."""
-    nulls = 0
-    while pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
-        col = col.flatten()  # the values of the non-null rows, this slice's only
-        nulls += col.null_count
-    return nulls
+    return sum(level.null_count for level in list_levels(col))
 
 
 class FeedBuffer:

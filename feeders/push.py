@@ -339,17 +339,13 @@ class PartitionInferrer:
             ) from e
 
 
-def _leaves(a: pa.Array) -> pa.Array:
-    while pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type):
-        a = a.flatten()
-    return a
-
-
 def _first_overflow(before: pa.Array, after: pa.Array) -> float | None:
     """A finite float of ``before`` that the cast made infinite (float64 to float32), or None."""
     import pyarrow.compute as pc
 
-    src, dst = _leaves(before), _leaves(after)
+    from formats.schema import leaf_values
+
+    src, dst = leaf_values(before), leaf_values(after)
     if not (pa.types.is_floating(src.type) and pa.types.is_floating(dst.type)) or len(src) != len(dst):
         return None
     grew = pc.and_(pc.is_inf(dst), pc.invert(pc.is_inf(src)))

@@ -42,7 +42,7 @@ import pyarrow as pa
 from formats.errors import SchemaError
 from formats.example_decode import decode_examples, infer_specs
 from formats.features import feature_kind, ragged_dims, row_lengths_key
-from formats.schema import ColumnSpec, column_array, list_offsets
+from formats.schema import ColumnSpec, column_array, is_list_type, list_offsets
 from formats.wire import binary, binary_parts, header, join, varint_bytes, varint_sizes, varints
 
 __all__ = [
@@ -89,10 +89,6 @@ def _list_level(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return values, offsets - offsets[0]
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
 def _flatten(name: str, arr: pa.Array, spec: ColumnSpec) -> _Flat:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
@@ -101,7 +97,7 @@ def _flatten(name: str, arr: pa.Array, spec: ColumnSpec) -> _Flat:
     splits: list[np.ndarray] = []
     cur = arr
     depth = 0
-    while _is_list(cur.type):
+    while is_list_type(cur.type):
         if depth > 0 and cur.null_count:
             raise SchemaError(
                 f"column {name!r} has {cur.null_count} null inner list(s); a TFRecord feature "
@@ -300,7 +296,7 @@ def _fixed_entry(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> tuple[byt
     if arr.null_count or pa.types.is_dictionary(arr.type):
         return None
     n = len(arr)
-    if not _is_list(arr.type):
+    if not is_list_type(arr.type):
         if spec.shape:
             return None
         if kind == "float":
@@ -316,7 +312,7 @@ def _fixed_entry(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> tuple[byt
     if kind != "float" or len(spec.shape) != 1:
         return None
     values, offsets = _list_level(arr)
-    if _is_list(values.type) or pa.types.is_dictionary(values.type) or values.null_count:
+    if is_list_type(values.type) or pa.types.is_dictionary(values.type) or values.null_count:
         return None
     k = int(offsets[1] - offsets[0]) if n else 0
     if 4 * k > _FIXED_LIST_BYTES or (n and (np.diff(offsets) != k).any()):

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from formats.errors import RecordError, SchemaError
 from formats.features import feature_kind, ragged_dims, row_lengths_key
-from formats.schema import ColumnSpec
+from formats.schema import ColumnSpec, is_list_type
 from formats.wire import read_varint as _varint
 
 __all__ = ["decode_examples", "infer_specs", "parse_record"]
@@ -227,7 +227,7 @@ class _Collector:
 
 
 def _leaf_type(t: pa.DataType) -> pa.DataType:
-    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    while is_list_type(t):
         t = t.value_type
     return t
 

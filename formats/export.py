@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
-from formats.schema import ColumnSpec, column_specs
+from formats.schema import ColumnSpec, column_specs, is_list_type
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
@@ -77,7 +77,7 @@ def _spark_type_for(name: str, t: pa.DataType) -> Any:
         return T.StringType()
     if pa.types.is_large_binary(t):
         return T.BinaryType()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    if is_list_type(t):
         return T.ArrayType(_spark_type_for(name, t.value_type), containsNull=False)
     try:
         return from_arrow_type(t, prefer_timestamp_ntz=t.tz is None) if pa.types.is_timestamp(t) else from_arrow_type(t)

@@ -53,6 +53,9 @@ __all__ = [
     "list_lengths",
     "uniform_shape",
     "list_depth",
+    "is_list_type",
+    "list_levels",
+    "leaf_values",
     "check_fill_value",
     "mapping_arg",
     "flatten_struct_fields",
@@ -443,6 +446,29 @@ def list_lengths(arr: pa.Array, spec: ColumnSpec) -> list[list[int]] | None:
     return out
 
 
+def is_list_type(t: pa.DataType) -> bool:
+    """Whether ``t`` is one of Arrow's list types (list, large_list, fixed_size_list)."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def list_levels(arr: pa.Array) -> list[pa.Array]:
+    """The values of each list level below ``arr``, top down: for ``list<list<float>>``, the
+    inner lists, then the floats. Only the non-null rows of this slice contribute, so each
+    level's ``null_count`` counts nulls inside the arrays, never a null row. Empty for a
+    column that is not a list."""
+    levels = []
+    while is_list_type(arr.type):
+        arr = arr.flatten()
+        levels.append(arr)
+    return levels
+
+
+def leaf_values(arr: pa.Array) -> pa.Array:
+    """The scalars at the bottom of a list column (``arr`` itself when it is not a list)."""
+    levels = list_levels(arr)
+    return levels[-1] if levels else arr
+
+
 def list_depth(t: pa.DataType) -> int:
     """How many list levels ``t`` has (0 for a scalar type)."""
     depth = 0
@@ -485,9 +511,7 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
     # Nested list column: walk down, collecting row splits, checking list-level nulls.
     splits: list[np.ndarray] = []
     cur = arr
-    while pa.types.is_list(cur.type) or pa.types.is_large_list(cur.type) or pa.types.is_fixed_size_list(
-        cur.type
-    ):
+    while is_list_type(cur.type):
         if cur.null_count:
             raise SchemaError(
                 f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold a "

@@ -38,7 +38,7 @@ from formats.fs import Location, storage_error
 from formats.hive import HiveColumns, add_constant_columns
 from formats.parquet_pages import PagesRefused, chunk_layout, iter_page_values
 from formats.pool import BufferPool
-from formats.schema import ColumnSpec
+from formats.schema import ColumnSpec, is_list_type
 
 __all__ = ["paged_columns", "PagedChunks"]
 
@@ -62,7 +62,7 @@ def paged_columns(specs: Sequence[ColumnSpec], schema: pa.Schema) -> set[str]:
         if spec.is_ragged or not spec.shape:
             continue
         t = schema.field(spec.name).type
-        if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        if not is_list_type(t):
             continue
         if t.value_type in _PAGED_VALUES and np.dtype(t.value_type.to_pandas_dtype()) == np.dtype(spec.dtype):
             out.add(spec.name)

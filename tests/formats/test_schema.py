@@ -104,3 +104,17 @@ def test_an_empty_list_level_without_an_offsets_buffer():
     assert [s.tolist() for s in got.row_splits] == [[0, 0, 0], [0]]
     assert got.values.size == 0
     assert decode_examples(encode_examples(batch, specs), specs).column("g").to_pylist() == [[], []]
+
+
+def test_list_levels_count_nulls_inside_arrays_never_null_rows():
+    from formats.schema import is_list_type, leaf_values, list_levels
+
+    arr = pa.array([[[1.0, None], None], None, [[2.0]]], pa.list_(pa.list_(pa.float64())))
+    levels = list_levels(arr.slice(0, 2))  # the null row (index 1) contributes nothing
+    assert [lv.type for lv in levels] == [pa.list_(pa.float64()), pa.float64()]
+    assert [lv.null_count for lv in levels] == [1, 1]
+    assert leaf_values(arr).to_pylist() == [1.0, None, 2.0]
+    fixed = pa.array([[1, 2], [3, 4]], pa.list_(pa.int32(), 2))
+    assert is_list_type(fixed.type) and leaf_values(fixed).to_pylist() == [1, 2, 3, 4]
+    assert list_levels(pa.array([1, None])) == [] and not is_list_type(pa.int64())
+    assert leaf_values(pa.array([1, None])).null_count == 1
