@@ -23,7 +23,16 @@ from formats.errors import FeedError, SchemaError
 from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
 from feeders.elements import LABELS_HINT
 from feeders.generator import generator_dataset
-from formats.schema import ColumnSpec, RaggedColumn, column_specs, same_columns, schema_text, tf_spec, to_numpy
+from formats.schema import (
+    ColumnSpec,
+    RaggedColumn,
+    column_specs,
+    names_arg,
+    same_columns,
+    schema_text,
+    tf_spec,
+    to_numpy,
+)
 
 __all__ = ["push_dataset", "iterate_epoch"]
 
@@ -223,13 +232,7 @@ def push_dataset(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if label is not None and not isinstance(label, str):
         raise ValueError(f"label must be a column name (str) or None, got {label!r}. {LABELS_HINT}")
-    if features is not None and not isinstance(features, str) and (
-        isinstance(features, bytes) or not isinstance(features, Sequence)
-        or not all(isinstance(c, str) for c in features)
-    ):
-        raise ValueError(
-            f"features must be a column name or a list of column names, got {features!r}."
-        )
+    feature_names = None if features is None else names_arg("features", features)
     if repeat and split == "validation":
         # Keras starts a new pass over validation data every epoch (a new iterator), so a
         # validation stream would lose what tf.data had read ahead at each drop and then wait
@@ -269,10 +272,8 @@ def push_dataset(
     single = isinstance(features, str)  # one column: yield its tensor, not a dict
     if features is None:
         cols = [n for n in names if n != label]
-    elif single:
-        cols = [features]
     else:
-        cols = list(features)
+        cols = feature_names
     if features is not None and label is not None and label in cols:
         raise ValueError(f"label column {label!r} is also listed in features.")
     wanted = cols + ([label] if label is not None else [])

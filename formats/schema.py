@@ -58,6 +58,7 @@ __all__ = [
     "leaf_values",
     "check_fill_value",
     "mapping_arg",
+    "names_arg",
     "flatten_struct_fields",
     "tf_spec",
     "to_numpy",
@@ -239,6 +240,25 @@ def mapping_arg(name: str, value: Any) -> dict[str, Any]:
             f"{value!r}; e.g. {name}={{'x': 0}}."
         )
     return dict(value)
+
+
+def names_arg(name: str, value: Any) -> list[str]:
+    """``value`` (one column name, or a sequence of distinct names) as a list of names.
+
+    For ``features=`` / ``columns=``-style arguments: a wrong type is a TypeError, a name given
+    twice a ValueError, each naming the argument. A str is one name, never its characters.
+    """
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Sequence) or not all(
+        isinstance(c, str) for c in value
+    ):
+        raise TypeError(f"{name} must be a column name or a list of column names, got {value!r}.")
+    names = list(value)
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise ValueError(f"{name} lists column(s) {twice} more than once; name each column once.")
+    return names
 
 
 def check_fill_value(name: str, dtype: str, value: Any) -> None:

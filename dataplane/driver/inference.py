@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from dataplane.driver.sparkjobs import arrow_schema_of, sample_arrow
 from dataplane.errors import FeedError, SchemaError
+from formats.schema import names_arg
 
 if TYPE_CHECKING:
     from dataplane.driver.feed import Feeder
@@ -45,8 +46,8 @@ def inference(
             "pa.float32())]); the result is then a streaming DataFrame too (start it with "
             "writeStream)."
         )
-    passthrough = _column_list(passthrough, "passthrough")
-    columns = None if columns is None else _column_list(columns, "columns")
+    passthrough = [] if passthrough is None else names_arg("passthrough", passthrough)
+    columns = None if columns is None else names_arg("columns", columns)
     if columns == []:
         raise ValueError(
             "inference(columns=[]) would send predict no input; name the columns predict reads, "
@@ -99,24 +100,6 @@ def inference(
         schema_from=schema_from,
     )
     return map_in_arrow(df, inferrer, from_arrow_schema(out_schema))
-
-
-def _column_list(value: Any, what: str) -> list[str]:
-    """``passthrough=`` / ``columns=`` as a list: one name, or a sequence of distinct names
-    (``passthrough=None``: none)."""
-    if value is None and what == "passthrough":
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (bytes, dict)) or not isinstance(value, Sequence) or not all(
-        isinstance(c, str) for c in value
-    ):
-        raise TypeError(f"{what} must be a column name or a list of column names, got {value!r}.")
-    names = list(value)
-    twice = sorted({c for c in names if names.count(c) > 1})
-    if twice:
-        raise ValueError(f"{what} lists column(s) {twice} more than once; name each column once.")
-    return names
 
 
 def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]

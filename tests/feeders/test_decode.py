@@ -125,5 +125,7 @@ def test_one_feature_name_yields_its_tensor_ready_for_a_one_input_model():
     assert [b.shape[0] for b in ds] == [4, 4, 2]
     assert set(pushed(["x"], "y").element_spec[0]) == {"x"}
     for bad in (b"x", [1], {"x": 1}):
-        with pytest.raises(ValueError, match=r"features must be a column name or a list of column names, got"):
+        with pytest.raises(TypeError, match=r"features must be a column name or a list of column names, got"):
             push_dataset(FeedBuffer(1 << 20), batch_size=4, num_workers=1, features=bad)
+    with pytest.raises(ValueError, match=r"features lists column\(s\) \['x'\] more than once"):
+        push_dataset(FeedBuffer(1 << 20), batch_size=4, num_workers=1, features=["x", "y", "x"])
