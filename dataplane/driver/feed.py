@@ -401,10 +401,11 @@ class Feeder:
                 live = {n.node_id for n in self._live_workers()}
                 nodes = [n for n in ep.workers if n.node_id in live]
                 replies = self._each(nodes, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
-                held = {nid: int(r["rows"]) for nid, r in replies.items()}
-                ep.limit = min((v for nid, v in held.items() if not replies[nid].get("closed")), default=0)
-                self._each(nodes, Action.END_EPOCH,
-                           lambda n: {"epoch": ep.epoch, "limit": min(ep.limit, held[n.node_id])})
+                states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
+                reading = {nid for nid, st in states.items() if not st.closed}
+                self._end_epoch(ep, reading, {nid: st.rows for nid, st in states.items()}, nodes)
+                for _, sent in ep.ending:
+                    sent.result()
             except Exception as e:  # noqa: BLE001 - the original error is what the user needs
                 logger.warning("could not end epoch %d on every node after a failed push: %s", ep.epoch, e)
                 return
@@ -517,19 +518,22 @@ class Feeder:
         reading = {nid for nid, st in states.items() if not st.closed and st.main == "running"}
         self._end_epoch(ep, reading, ep.received)
 
-    def _end_epoch(self, ep: _EpochBooks, reading: set[int], held: dict[int, int]) -> None:
-        """Tell every worker how many rows to yield for ``ep``: the fewest any worker still
-        reading it holds, so all of them yield the same number (of rows, and of batches); with
-        ``ep.balance`` off (TFoS's ``TFCluster.train``, which feeds every element), each its
-        own. A worker that refused the epoch is never told more than it holds (``held``)."""
+    def _end_epoch(self, ep: _EpochBooks, reading: set[int], held: dict[int, int],
+                   nodes: Sequence[NodeInfo] | None = None) -> None:
+        """Tell every worker (``nodes``: those of them still alive, after a failed push) how
+        many rows to yield for ``ep``: the fewest any worker still reading it holds, so all of
+        them yield the same number (of rows, and of batches); with ``ep.balance`` off (TFoS's
+        ``TFCluster.train``, which feeds every element), each its own. A worker that refused
+        the epoch is never told more than it holds (``held``)."""
+        nodes = ep.workers if nodes is None else nodes
         limit = min((held.get(nid, 0) for nid in reading), default=0)
         ep.limit, ep.reading = limit, reading
-        for n in ep.workers:
+        for n in nodes:
             own = held.get(n.node_id, 0)
             ep.limits[n.node_id] = own if not ep.balance or n.node_id not in reading else min(limit, own)
         # not waited for here: the next epoch's job starts at once, and _settle's long poll,
         # which needs the limit to have arrived, checks the replies first
-        ep.ending = self._send(ep.workers, Action.END_EPOCH,
+        ep.ending = self._send(nodes, Action.END_EPOCH,
                                lambda n: {"epoch": ep.epoch, "limit": ep.limits[n.node_id]})
 
     def _states(self, ep: _EpochBooks, wait: float = 0.0) -> dict[int, EpochState]:
