@@ -32,7 +32,19 @@ class SchemaError(DataplaneError, ValueError):
 
 
 class RecordError(DataplaneError, ValueError):
-    """A TFRecord file is corrupt or truncated (names the file and byte offset)."""
+    """A TFRecord file is corrupt or truncated (names the file and byte offset).
+
+    Attributes:
+        offset: byte offset of the bad record (in the uncompressed stream), or None when the
+            error is about the file as a whole.
+        maybe_compressed: the bytes read look like a compressed file read as uncompressed:
+            reading it with ``compression='GZIP'`` or ``'ZLIB'`` may be the fix.
+    """
+
+    def __init__(self, message: str, *, offset: int | None = None, maybe_compressed: bool = False) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.maybe_compressed = maybe_compressed
 
 
 class StorageError(DataplaneError, OSError):

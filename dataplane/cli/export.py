@@ -225,7 +225,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         if df.isEmpty():
             return _fail(f"SRC {args.src} has no rows; there is nothing to export.")
     except DataplaneError as exc:
-        hint = " (here: --src-compression gzip or zlib)" if "pass compression=" in str(exc) else ""
+        hint = " (here: --src-compression gzip or zlib)" if getattr(exc, "maybe_compressed", False) else ""
         return _fail(f"cannot read SRC {args.src}: {exc}{hint}")
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
         return _fail(f"cannot read SRC {args.src} as {source_format}: {_spark_error_text(exc)}")

@@ -157,7 +157,7 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
     try:
         plan = plan_tfrecord(path, compression=compression, sample=sample)
     except RecordError as exc:
-        if fmt != _GUESSED_TFRECORD or "at byte offset 0:" not in str(exc):
+        if fmt != _GUESSED_TFRECORD or exc.offset != 0:
             raise
         raise RecordError(
             f"{path} is neither Parquet (no PAR1 magic bytes) nor TFRecords (its first record's "
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         info = describe(args.path, fmt=args.fmt, compression=args.compression,
                         sample=args.sample, count=not args.no_count)
     except (DataplaneError, ValueError, OSError) as exc:
-        hint = " (here: --compression gzip or zlib)" if "pass compression=" in str(exc) else ""
+        hint = " (here: --compression gzip or zlib)" if getattr(exc, "maybe_compressed", False) else ""
         print(f"dataplane inspect: error: {' '.join(str(exc).split())}{hint}", file=sys.stderr)
         return _EXIT_FAILED
     print(json.dumps(info, indent=1) if args.json else _render(info))

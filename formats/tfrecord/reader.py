@@ -207,7 +207,7 @@ class _Framer:
                 raise self._corrupt_length(start, length) from None
             raise RecordError(
                 f"{self.name}: corrupt record at byte offset {start}: the CRC of its {length} "
-                f"data bytes does not match. The file is damaged; rewrite it."
+                f"data bytes does not match. The file is damaged; rewrite it.", offset=start,
             ) from None
 
     def read_on(self) -> bool:
@@ -227,7 +227,7 @@ class _Framer:
                 raise RecordError(
                     f"{self.name}: truncated record header at byte offset {self.base + self.pos}: "
                     f"{left} of 12 header bytes present. The file was cut short "
-                    f"(an interrupted write?); rewrite it."
+                    f"(an interrupted write?); rewrite it.", offset=self.base + self.pos,
                 )
             return True
         buf, pos = self.buf, self.pos
@@ -241,7 +241,7 @@ class _Framer:
                 f"{self.name}: truncated record at byte offset {self.base + self.pos}: it declares "
                 f"{length} data bytes but the file ends after "
                 f"{max(0, len(self.buf) - self.pos - 12)} of them. The file was cut short; "
-                f"rewrite it."
+                f"rewrite it.", offset=self.base + self.pos,
             )
         return True
 
@@ -316,12 +316,13 @@ class _Framer:
             return RecordError(
                 f"{self.name}: not an uncompressed TFRecord file: it starts with GZIP's magic "
                 f"bytes (1f 8b), so it is GZIP-compressed without a .gz suffix; pass "
-                f"compression='GZIP'."
+                f"compression='GZIP'.", maybe_compressed=True,
             )
         return RecordError(
             f"{self.name}: corrupt record at byte offset {start}: the CRC of the length field "
             f"does not match (length read: {length}). The file is damaged or is not a "
-            f"TFRecord file (or is compressed: pass compression='GZIP'/'ZLIB')."
+            f"TFRecord file (or is compressed: pass compression='GZIP'/'ZLIB').",
+            offset=start, maybe_compressed=True,
         )
 
 

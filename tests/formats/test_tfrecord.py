@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import struct
 
 import pyarrow as pa
@@ -83,6 +84,10 @@ def test_corrupt_data_crc_names_file_and_offset(tmp_path):
         _read(p)
     msg = str(info.value)
     assert str(p) in msg and f"byte offset {second}" in msg and "CRC of its 5 data bytes" in msg
+    assert (info.value.offset, info.value.maybe_compressed) == (second, False)
+    # the attributes survive the pickling that carries an error out of a Spark task
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (str(again), again.offset, again.maybe_compressed) == (msg, second, False)
 
 
 def test_corrupt_length_crc(tmp_path):
@@ -91,8 +96,9 @@ def test_corrupt_length_crc(tmp_path):
     raw = bytearray(p.read_bytes())
     raw[0:8] = struct.pack("<Q", 7)  # length changed, its CRC not
     p.write_bytes(bytes(raw))
-    with pytest.raises(RecordError, match=r"byte offset 0: the CRC of the length field"):
+    with pytest.raises(RecordError, match=r"byte offset 0: the CRC of the length field") as info:
         _read(p)
+    assert (info.value.offset, info.value.maybe_compressed) == (0, True)
 
 
 @pytest.mark.parametrize("cut, what", [(5, "truncated record header"), (30, "truncated record at")])
@@ -102,7 +108,7 @@ def test_truncated_file(tmp_path, cut, what):
     p.write_bytes(p.read_bytes()[:cut])
     with pytest.raises(RecordError, match=what) as info:
         _read(p)
-    assert "byte offset 0" in str(info.value)
+    assert "byte offset 0" in str(info.value) and info.value.offset == 0
 
 
 def test_truncated_gzip_is_a_record_error(tmp_path):
@@ -365,5 +371,6 @@ def test_a_gzip_file_read_as_uncompressed_is_told_it_is_gzip(tmp_path, source):
                                           r"\.gz suffix; pass compression='GZIP'\.$"):
         with open(p, "rb", buffering=0) as f:
             list(_batches(f if source == "stream" else f.read(), batch_records=4))
-    with open(p, "rb") as f, pytest.raises(RecordError, match="GZIP-compressed without a .gz suffix"):
+    with open(p, "rb") as f, pytest.raises(RecordError, match="GZIP-compressed without a .gz suffix") as info:
         list(tfrecord.iter_records(f, name="f"))
+    assert (info.value.offset, info.value.maybe_compressed) == (None, True)
