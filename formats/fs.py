@@ -319,6 +319,11 @@ def list_files(
         )
     if info.type == fs.FileType.File:
         return [loc.path]
+    if info.type == fs.FileType.Unknown:  # a device, a pipe, a socket: nothing to list or seek
+        raise StorageError(
+            f"{loc.url} is neither a file nor a directory (a device, pipe or socket); point at "
+            f"a data file or a directory of them."
+        )
     base = root or loc.path
     try:
         infos = loc.filesystem.get_file_info(fs.FileSelector(base, recursive=True))

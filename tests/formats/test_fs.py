@@ -123,3 +123,13 @@ def test_list_files_skips_markers_and_hidden(tmp_path):
                                                          "sub/part-2.parquet")]
     single = tmp_path / "part-0.parquet"
     assert list_files(resolve(single)) == [str(single)]
+
+
+def test_a_device_or_pipe_is_named_as_neither_file_nor_directory(tmp_path):
+    # /dev/null was reported as "cannot list /dev/null: ... Not a directory"
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for path in ("/dev/null", str(pipe)):
+        with pytest.raises(StorageError, match=rf"^{path} is neither a file nor a directory \(a device, "
+                                               r"pipe or socket\); point at a data file"):
+            list_files(resolve(path))
