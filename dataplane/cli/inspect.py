@@ -184,12 +184,18 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         _shape_hints(decode_examples(records, plan.specs), plan.specs, columns,
                      f"the {len(records)} sampled records")
     total = None if any(r is None for r in rows_per_file) else int(sum(rows_per_file))  # type: ignore[arg-type]
-    return {
+    out = {
         "url": loc.url, "format": "tfrecord", "compression": plan.compression, "rows": total,
         "bytes": sum(sizes), "schema_source": plan.schema_source, "columns": columns,
         "files": [{"path": loc.display(f), "rows": r, "bytes": b}
                   for f, r, b in zip(plan.files, rows_per_file, sizes)],
     }
+    if not columns:
+        where = ("its _tf_schema.json lists no column" if plan.schema_source == "schema file"
+                 else f"every record sampled (up to {sample}) is an empty tf.train.Example (no feature)")
+        out["warning"] = (f"no column: {where}, so a reader has nothing to read; check how the "
+                          f"files were written.")
+    return out
 
 
 def _human(n: float) -> str:
@@ -212,6 +218,8 @@ def _render(info: dict[str, Any]) -> str:
               "schema file": "_tf_schema.json beside the data"}.get(info["schema_source"],
                                                                     info["schema_source"])
     lines.append(f"schema:  {source}")
+    if info.get("warning"):
+        lines.append(f"warning: {info['warning']}")
     lines.append("")
     width = max([len("column")] + [len(c["name"]) for c in info["columns"]])
     awidth = max([len("arrow type")] + [len(c["arrow_type"] or "-") for c in info["columns"]])

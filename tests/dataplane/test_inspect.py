@@ -92,6 +92,21 @@ def test_unsupported_column_is_shown_not_fatal(tmp_path):
     assert "NOT CARRIED: column 'm' is a map" in out.stdout
 
 
+def test_records_with_no_feature_are_flagged(tmp_path):
+    # a TFRecord of empty tf.train.Example messages showed an empty table and nothing else
+    from formats import tfrecord
+
+    with open(tmp_path / "empty.tfrecord", "wb") as f:
+        tfrecord.write_records(f, [b""] * 5)
+    out = _inspect(str(tmp_path / "empty.tfrecord"))
+    assert out.returncode == 0, out.stderr
+    assert ("warning: no column: every record sampled (up to 1000) is an empty tf.train.Example "
+            "(no feature), so a reader has nothing to read; check how the files were written.") in out.stdout
+    assert "5 rows" in out.stdout
+    doc = json.loads(_inspect(str(tmp_path / "empty.tfrecord"), "--json").stdout)
+    assert doc["columns"] == [] and doc["warning"].startswith("no column: every record sampled")
+
+
 def test_missing_path_fails_with_message(tmp_path):
     out = _inspect(str(tmp_path / "nope"))
     assert out.returncode == 1
