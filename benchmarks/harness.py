@@ -40,6 +40,7 @@ from benchmarks.paths import BenchPath
 
 __all__ = [
     "SCENARIOS",
+    "PATH_NAMES",
     "BenchEnv",
     "machine_info",
     "stack_info",
@@ -67,6 +68,18 @@ SCENARIOS: dict[str, str] = {
     "pull-s3": "benchmarks.pull_s3",
     "export": "benchmarks.export",
     "train": "benchmarks.train",
+}
+
+# scenario -> every path name its build(env) may return (the quick-run test keeps this true):
+# what `--peers` is checked against before anything starts
+PATH_NAMES: dict[str, frozenset[str]] = {
+    "push": frozenset({"flight-push", "spark-mapinarrow", "flight-raw", "tfos"}),
+    "pull-parquet": frozenset({"parquet", "pyarrow-raw", "pyarrow-raw-thread", "pyarrow-scan",
+                               "petastorm", "tfio"}),
+    "pull-tfrecord": frozenset({"tfrecord", "tfdata-tuned", "tfdata-sequential"}),
+    "pull-s3": frozenset({"tfrecord", "pyarrow-stream"}),
+    "export": frozenset({"export", "export-parquet", "export-per-row", "export-parquet-per-row"}),
+    "train": frozenset({"flight-push-cache", "flight-push", "in-memory", "petastorm-converter", "tfos"}),
 }
 
 Progress = Callable[[str], None]

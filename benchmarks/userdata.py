@@ -22,9 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["DATA_SCENARIOS", "DataError", "DataSpec", "Described", "parse_shapes", "describe", "run_on_data"]
+__all__ = ["DATA_SCENARIOS", "DATA_PATH_NAMES", "DataError", "DataSpec", "Described", "parse_shapes", "describe", "run_on_data"]
 
 DATA_SCENARIOS = ("pull-parquet", "pull-tfrecord", "push")
+# scenario -> every path name its --data build may return (what `--peers` is checked against)
+DATA_PATH_NAMES: dict[str, frozenset[str]] = {
+    "pull-parquet": frozenset({"parquet", "pyarrow-raw", "petastorm", "tfio", "read", "decode"}),
+    "pull-tfrecord": frozenset({"tfrecord", "tfdata-tuned", "tfdata-sequential", "read", "decode"}),
+    "push": frozenset({"flight-push", "spark-mapinarrow", "flight-raw", "node-buffer"}),
+}
 BATCH_SIZE = 1024
 
 

@@ -192,6 +192,10 @@ def _run_on_data(args: argparse.Namespace) -> int:
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     if reps < 1 or args.batch_size < 1:
         return _fail(args, f"--reps and --batch-size must be >= 1 (got {reps}, {args.batch_size})")
+    peers = _peer_list(args)
+    unknown = _unknown_peers(peers, userdata.DATA_PATH_NAMES.get(args.scenario, frozenset()))
+    if unknown:
+        return _fail(args, unknown)
     progress = _Progress(sys.stderr, bar=sys.stderr.isatty())
     try:
         spec = userdata.DataSpec(
@@ -207,7 +211,6 @@ def _run_on_data(args: argparse.Namespace) -> int:
     except userdata.DataError as exc:
         return _fail(args, str(exc))
     progress.line(userdata.header(described))
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else None
     try:
         with contextlib.redirect_stdout(sys.stderr):
             doc = userdata.run_on_data(
@@ -218,10 +221,6 @@ def _run_on_data(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     _write_outputs(doc, args, progress.line)
-    unknown = _unknown_peers(doc, peers)
-    if unknown:
-        progress.line(unknown)
-        return 2
     failed = _failed(doc)
     if failed:
         progress.line("failed: " + ", ".join(failed))
@@ -229,16 +228,18 @@ def _run_on_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unknown_peers(doc: dict, peers: list[str] | None) -> str | None:
-    """The error for --peers names that no scenario of the run has (a typo ran only ours)."""
-    if not peers:
-        return None
-    names = sorted({n for sc in doc.get("scenarios", []) for n in sc.get("path_names", [])})
-    unknown = [p for p in peers if p not in names]
+def _peer_list(args: argparse.Namespace) -> list[str] | None:
+    return [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else None
+
+
+def _unknown_peers(peers: list[str] | None, names: frozenset[str]) -> str | None:
+    """The error for --peers names that no path of the run's scenarios has (a typo would run
+    only our paths), checked before anything starts."""
+    unknown = [p for p in peers or () if p not in names]
     if not unknown or not names:
         return None
-    return (f"dataplane bench: --peers names no path of this run: {', '.join(unknown)}; "
-            f"the paths are: {', '.join(names)}")
+    return (f"--peers names no path of this run: {', '.join(unknown)}; "
+            f"the paths are: {', '.join(sorted(names))}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,8 +260,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dataplane bench: --rows, --reps and --epochs must be >= 1 "
               f"(got {rows}, {reps}, {args.epochs})", file=sys.stderr)
         return 2
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else None
+    peers = _peer_list(args)
     scenarios = _SCENARIOS if args.scenario == "all" else [args.scenario]
+    unknown = _unknown_peers(peers, frozenset().union(*(harness.PATH_NAMES.get(s, ()) for s in scenarios)))
+    if unknown:
+        return _fail(args, unknown)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -275,10 +279,6 @@ def run(args: argparse.Namespace) -> int:
             progress=progress, idle_wait=_idle_wait(args), epochs=args.epochs,
         )
     _write_outputs(doc, args, progress)
-    unknown = _unknown_peers(doc, peers)
-    if unknown:
-        progress(unknown)
-        return 2
     failed = _failed(doc)
     if failed:
         progress("failed: " + ", ".join(failed))

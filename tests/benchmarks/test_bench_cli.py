@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import report
+from benchmarks import harness, report
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 600
@@ -89,7 +89,8 @@ def test_quick_run_of_every_scenario(quick_run):
         assert sc["row_bytes"] == {"numeric": 68, "mnist": 3144}[sc["table"]]
         assert sc["results"], where
         names = {r["path"] for r in sc["results"]}
-        assert set(sc["path_names"]) == names, where  # what --peers is checked against
+        assert set(sc["path_names"]) == names, where
+        assert names <= harness.PATH_NAMES[sc["scenario"]], where  # what --peers is checked against
         if sc["scenario"] in SCENARIO_PATHS:
             assert names == SCENARIO_PATHS[sc["scenario"]], where
         assert any(r["kind"] == "ours" for r in sc["results"]), where
@@ -208,17 +209,24 @@ def _doc():
     }
 
 
-def test_a_peer_name_no_scenario_has_is_an_error():
-    # `--peers nosuch` ran only our paths and exited 0
-    from dataplane.cli.bench import _unknown_peers
+def test_a_peer_name_no_scenario_has_is_an_error_before_anything_runs(capsys):
+    # `--peers nosuch` ran only our paths and exited 0; then it was caught only after the run
+    from dataplane import cli
 
-    doc = {"scenarios": [{"path_names": ["flight-push", "flight-raw", "tfos"]},
-                         {"path_names": ["in-memory", "tfos"]}]}
-    assert _unknown_peers(doc, ["tfos", "in-memory"]) is None
-    assert _unknown_peers(doc, None) is None
-    assert _unknown_peers(doc, ["tfos", "nosuch"]) == (
-        "dataplane bench: --peers names no path of this run: nosuch; the paths are: flight-push, "
-        "flight-raw, in-memory, tfos")
+    def bench(*args: str) -> tuple[int, str]:
+        code = cli.main(["bench", *args, "--json", "/nonexistent/never-written.json"])
+        return code, capsys.readouterr().err
+
+    code, err = bench("push", "--peers", "tfos,nosuch")
+    assert code == 2 and err == (
+        "dataplane bench: error: --peers names no path of this run: nosuch; the paths are: "
+        "flight-push, flight-raw, spark-mapinarrow, tfos\n")
+    # a peer of another scenario is unknown to this one; `all` knows every scenario's
+    code, err = bench("push", "--peers", "in-memory")
+    assert code == 2 and "no path of this run: in-memory" in err
+    code, err = bench("all", "--peers", "petastorm,in-memory,nosuch,tfdata-tuned")
+    assert code == 2 and "no path of this run: nosuch; the paths are: export," in err
+    assert "Traceback" not in err
 
 
 def test_markdown_table_from_json():

@@ -67,7 +67,11 @@ def _check_breakdown(sc: dict, ours: str, parts: list[str]) -> None:
 
 
 def _results(sc: dict) -> dict[str, dict]:
-    return {r["path"]: r for r in sc["results"]}
+    from benchmarks.userdata import DATA_PATH_NAMES
+
+    out = {r["path"]: r for r in sc["results"]}
+    assert set(out) <= DATA_PATH_NAMES[sc["scenario"]]  # what --peers is checked against
+    return out
 
 
 @pytest.mark.slow
@@ -244,7 +248,7 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "case",
     ["missing", "bad-url", "column", "label", "shape", "shape-syntax", "parquet-as-tfrecord",
-     "tfrecord-as-parquet", "synthetic-option", "not-a-data-scenario"],
+     "tfrecord-as-parquet", "synthetic-option", "not-a-data-scenario", "unknown-peer"],
 )
 def test_errors_are_one_line(case, files, tmp_path, capsys):
     pq, tfr = str(files / "parquet"), str(files / "tfrecord")
@@ -259,6 +263,9 @@ def test_errors_are_one_line(case, files, tmp_path, capsys):
         "tfrecord-as-parquet": (["pull-parquet", "--data", tfr], "is not Parquet"),
         "synthetic-option": (["push", "--data", pq, "--rows", "10"], "--rows"),
         "not-a-data-scenario": (["export", "--data", pq], "--data works with"),
+        "unknown-peer": (["pull-parquet", "--data", pq, "--peers", "petastrom"],
+                         "--peers names no path of this run: petastrom; the paths are: decode, parquet, "
+                         "petastorm, pyarrow-raw, read, tfio"),
     }[case]
     code, err = _cli(capsys, *args)
     assert code == 2
