@@ -276,9 +276,16 @@ def storage_error(exc: BaseException, what: str, url: str) -> StorageError:
             " The S3 endpoint could not be reached: check AWS_ENDPOINT_URL / "
             "AWS_ENDPOINT_URL_S3 and that the server is running."
         )
-    elif "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text:
-        hint = " The bucket does not exist: check the bucket name in the URL."
-    return StorageError(f"cannot {what} {url}: {text}.{hint}")
+    elif "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text or (text.startswith("Bucket '") and "not found" in text):
+        # pyarrow's own text for a missing bucket names an option of its S3FileSystem
+        text = text.split(". To create buckets", 1)[0]
+        hint = (" The bucket does not exist: check the bucket name in the URL (nothing here "
+                "creates buckets; create it first).")
+    raw = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    if "SSL" in text and raw and "://" not in raw:
+        hint += (" AWS_ENDPOINT_URL has no scheme, so https is used; for a plain-HTTP server "
+                 "write http://HOST:PORT.")
+    return StorageError(f"cannot {what} {url}: {text.rstrip('.')}.{hint}")
 
 
 def list_files(

@@ -237,25 +237,30 @@ class StagedOutput:
         """
         from pyarrow import fs as pafs
 
-        from formats.fs import resolve
+        from formats.fs import resolve, storage_error
 
         if mode not in ("error", "overwrite"):
             raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
         loc = resolve(path, filesystem=filesystem)
         fs, root = loc.filesystem, loc.path.rstrip("/")
-        info = fs.get_file_info(root)
-        created = info.type == pafs.FileType.NotFound
-        if info.type == pafs.FileType.File:
-            raise StorageError(f"{loc.url} is a file; a TFRecord export needs a directory path.")
-        if not created and fs.get_file_info(pafs.FileSelector(root)):
-            if mode == "error":
-                raise StorageError(
-                    f"{loc.url} already exists and is not empty; choose a new path or pass "
-                    f"mode='overwrite'."
-                )
-            fs.delete_dir_contents(root)
-        staging = f"{root}/_temporary/{uuid.uuid4().hex[:16]}"
-        fs.create_dir(staging, recursive=True)
+        try:
+            info = fs.get_file_info(root)
+            created = info.type == pafs.FileType.NotFound
+            if info.type == pafs.FileType.File:
+                raise StorageError(f"{loc.url} is a file; a TFRecord export needs a directory path.")
+            if not created and fs.get_file_info(pafs.FileSelector(root)):
+                if mode == "error":
+                    raise StorageError(
+                        f"{loc.url} already exists and is not empty; choose a new path or pass "
+                        f"mode='overwrite'."
+                    )
+                fs.delete_dir_contents(root)
+            staging = f"{root}/_temporary/{uuid.uuid4().hex[:16]}"
+            fs.create_dir(staging, recursive=True)
+        except StorageError:
+            raise
+        except OSError as exc:  # credentials, a missing bucket, an unreachable endpoint
+            raise storage_error(exc, "write to", loc.url) from exc
         return cls(str(path), fs, root, staging, created)
 
     def abort(self) -> None:

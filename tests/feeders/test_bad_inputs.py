@@ -260,6 +260,29 @@ def test_wrong_s3_credentials_are_refused(s3_server, tmp_path, monkeypatch):
 
 
 @pytest.mark.s3
+def test_an_export_to_s3_that_cannot_write_says_why(spark, s3_server, monkeypatch):
+    # write_tfrecords / parquet_to_tfrecords raised pyarrow's bare OSError here, and for a
+    # missing bucket named an option of pyarrow's S3FileSystem the user never set
+    import formats
+
+    df = spark.range(3)
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    with pytest.raises(StorageError) as info:
+        formats.write_tfrecords(df, "s3://no-such-bucket-x/out")
+    assert str(info.value) == (
+        "cannot write to s3://no-such-bucket-x/out: Bucket 'no-such-bucket-x' not found. The bucket "
+        "does not exist: check the bucket name in the URL (nothing here creates buckets; create "
+        "it first).")
+    bucket = s3_server.make_bucket()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(StorageError, match=rf"^cannot write to s3://{bucket}/out: .*ACCESS_DENIED.*"
+                                           r"refused the credentials: check AWS_ACCESS_KEY_ID"):
+        formats.write_tfrecords(df, f"s3://{bucket}/out")
+
+
+@pytest.mark.s3
 def test_nonexistent_s3_key(s3_env):
     bucket = s3_env.make_bucket()
     with pytest.raises(StorageError, match=rf"s3://{bucket}/nothing/here does not exist"):

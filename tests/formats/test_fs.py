@@ -133,3 +133,16 @@ def test_a_device_or_pipe_is_named_as_neither_file_nor_directory(tmp_path):
         with pytest.raises(StorageError, match=rf"^{path} is neither a file nor a directory \(a device, "
                                                r"pipe or socket\); point at a data file"):
             list_files(resolve(path))
+
+
+def test_an_ssl_failure_with_a_schemeless_endpoint_says_https_was_used(monkeypatch):
+    from formats.fs import storage_error
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:8333")
+    exc = OSError("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 35, SSL connect error")
+    msg = str(storage_error(exc, "read", "s3://b/k"))
+    assert msg.endswith("AWS_ENDPOINT_URL has no scheme, so https is used; for a plain-HTTP server "
+                        "write http://HOST:PORT."), msg
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://127.0.0.1:8333")
+    assert "has no scheme" not in str(storage_error(exc, "read", "s3://b/k"))
