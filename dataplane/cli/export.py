@@ -6,9 +6,11 @@ files, bytes, seconds, rows/s) goes to stdout. A bad SRC (missing, empty, a colu
 hold) is reported on stderr with a non-zero exit, and no output is left behind.
 
 Parquet -> TFRecord uses :func:`formats.parquet_to_tfrecords` (the tasks read the Parquet files
-with pyarrow; no rows pass through the JVM), except for a SRC with Hive-style ``key=value``
-partition directories, which goes through ``spark.read.parquet`` and
-:func:`formats.write_tfrecords` so that the partition columns are kept.
+with pyarrow, Hive-style ``key=value`` directories included; no rows pass through the JVM), and a
+TFRecord SRC is read by :func:`formats.read_tfrecords`' tasks, so those reach every storage
+``pyarrow.fs`` reaches. ``--to parquet`` writes with Spark's own Parquet writer (and reads a
+Parquet SRC with ``spark.read.parquet``): a remote URL there needs the Hadoop connector for its
+scheme in Spark's JVM, which is checked before the job starts.
 
 Nothing heavy is imported at module import: Spark loads in :func:`run`.
 """
@@ -19,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from typing import Any
 
 __all__ = ["add_arguments", "run"]
@@ -32,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Convert SRC (a Parquet dataset, or TFRecords written by this tool) to DST as TFRecord "
         "files of tf.train.Example plus a _tf_schema.json, or as Parquet. Paths may be local, "
-        "file://, s3:// or hdfs:// URLs."
+        "file://, s3:// or hdfs:// URLs; --to parquet writes with Spark's own Parquet writer, "
+        "so a remote URL there needs Spark's Hadoop connector for it (s3a:// with hadoop-aws)."
     )
     parser.add_argument("src", metavar="SRC", help="source dataset (file or directory)")
     parser.add_argument("dst", metavar="DST", help="output directory (must not exist or be empty)")
@@ -57,7 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write struct columns as 'parent.child' features")
 
 
-def _fail(message: str, code: int = _EXIT_USAGE) -> int:
+def _fail(message: str, code: int = _EXIT_USAGE, *, verbose: int = 0) -> int:
+    """A one-line error on stderr (with ``verbose`` (-v), the traceback of the exception being
+    handled first)."""
+    if verbose and sys.exc_info()[0] is not None:
+        traceback.print_exc()
     print(f"dataplane export: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
 
@@ -135,6 +143,39 @@ def _is_tfrecord_source(loc: Any) -> bool:
     return any(".tfrecord" in os.path.basename(e.path) for e in entries)
 
 
+def _jvm_cannot_reach(spark: Any, urls: list[str]) -> str | None:
+    """Why Spark's JVM cannot open one of ``urls`` (no Hadoop filesystem for its scheme), or None.
+
+    ``--to parquet`` goes through Spark's own Parquet reader and writer, which reach remote
+    storage through Hadoop connectors (``s3a://`` needs hadoop-aws); our readers and the
+    TFRecord export use ``pyarrow.fs`` instead. Not checked under Spark Connect (no JVM here).
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        jsc = spark.sparkContext._jsc
+    except Exception:  # noqa: BLE001 - Spark Connect: the server's JVM decides
+        return None
+    for url in urls:
+        scheme = urlsplit(url).scheme.lower()
+        if scheme in ("", "file") or len(scheme) == 1:  # a local path (or a Windows drive)
+            continue
+        try:
+            spark.sparkContext._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+                scheme, jsc.hadoopConfiguration())
+        except Exception as exc:  # noqa: BLE001 - py4j's error carries the Java one
+            why = _spark_error_text(exc)
+            fix = ("for S3, put hadoop-aws on Spark's classpath (spark.jars.packages="
+                   "org.apache.hadoop:hadoop-aws:<its Hadoop version> in spark-defaults.conf) "
+                   "and use s3a:// URLs" if scheme.startswith("s3") else
+                   f"put the Hadoop connector for {scheme}:// on Spark's classpath")
+            return (f"--to parquet writes with Spark's own Parquet writer (and reads a Parquet "
+                    f"SRC with spark.read.parquet), and this Spark cannot open {url}: {why}. "
+                    f"Either {fix}, or export --to tfrecord, whose tasks reach {scheme}:// "
+                    f"through pyarrow.")
+    return None
+
+
 def _spark_error_text(exc: BaseException) -> str:
     """The useful line of a Spark/py4j error: the Python exception raised in a task if any."""
     text = str(exc)
@@ -148,6 +189,9 @@ def _spark_error_text(exc: BaseException) -> str:
         if marker in text:
             return marker + text.split(marker, 1)[1].strip().splitlines()[0]
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        # py4j: the Java exception is on the next line (": java.lang.X: message")
+        return lines[1].lstrip(": ").strip()
     return lines[0] if lines else type(exc).__name__
 
 
@@ -164,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     from pyarrow import fs as pafs
 
     from dataplane.errors import DataplaneError
-    from formats.fs import resolve
+    from formats.fs import resolve, storage_error
 
     if args.num_files is not None and args.num_files < 1:
         return _fail(f"--num-files must be at least 1, got {args.num_files}.")
@@ -196,11 +240,20 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 return _fail(problem)
     except (DataplaneError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), verbose=getattr(args, "verbose", 0))
+    except OSError as exc:  # listing SRC or DST: credentials, a missing bucket, the endpoint
+        return _fail(str(storage_error(exc, "reach", f"{args.src} or {args.dst}")),
+                     verbose=getattr(args, "verbose", 0))
 
     started = time.perf_counter()
     spark = _spark(args.master, getattr(args, "verbose", 0))
     try:
+        if args.to == "parquet":  # Spark's own Parquet writer (and reader, for a Parquet SRC)
+            jvm_urls = [args.src, args.dst] if source_format == "parquet" else [args.dst]
+            problem = _jvm_cannot_reach(spark, jvm_urls)
+            if problem:
+                _remove_output(dst, dst_created)
+                return _fail(problem)
         return _export(spark, args, src, dst, dst_created, source_format, compression, started)
     finally:
         if not (args.master or "").startswith("sc://"):
@@ -226,9 +279,10 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
             return _fail(f"SRC {args.src} has no rows; there is nothing to export.")
     except DataplaneError as exc:
         hint = " (here: --src-compression gzip or zlib)" if getattr(exc, "maybe_compressed", False) else ""
-        return _fail(f"cannot read SRC {args.src}: {exc}{hint}")
+        return _fail(f"cannot read SRC {args.src}: {exc}{hint}", verbose=getattr(args, "verbose", 0))
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
-        return _fail(f"cannot read SRC {args.src} as {source_format}: {_spark_error_text(exc)}")
+        return _fail(f"cannot read SRC {args.src} as {source_format}: {_spark_error_text(exc)}",
+                     verbose=getattr(args, "verbose", 0))
 
     bar = _Bar(f"export -> {args.to}")
     try:
@@ -247,7 +301,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
                 ).parquet(args.dst)
             rows, files, nbytes = _parquet_stats(dst)
     except Exception as exc:  # noqa: BLE001 - ours (DataplaneError) or a failed Spark job
-        return _failed(exc, bar, dst, dst_created)
+        return _failed(exc, bar, dst, dst_created, getattr(args, "verbose", 0))
     bar.close()
     return _summary(args, rows, files, nbytes, started)
 
@@ -265,20 +319,20 @@ def _parquet_to_tfrecord(spark: Any, args: argparse.Namespace, dst: Any, dst_cre
             flatten_structs=args.flatten_structs, progress=bar,
         )
     except Exception as exc:  # noqa: BLE001 - ours (DataplaneError) or a failed Spark job
-        return _failed(exc, bar, dst, dst_created)
+        return _failed(exc, bar, dst, dst_created, getattr(args, "verbose", 0))
     bar.close()
     return _summary(args, res.rows, res.files, res.bytes, started)
 
 
-def _failed(exc: Exception, bar: "_Bar", dst: Any, dst_created: bool) -> int:
+def _failed(exc: Exception, bar: "_Bar", dst: Any, dst_created: bool, verbose: int) -> int:
     """End a failed export: close the bar, remove partial output, report on stderr."""
     from dataplane.errors import DataplaneError
 
     bar.close()
     _remove_output(dst, dst_created)
     if isinstance(exc, DataplaneError):
-        return _fail(str(exc))
-    return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED)
+        return _fail(str(exc), verbose=verbose)
+    return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED, verbose=verbose)
 
 
 def _summary(args: argparse.Namespace, rows: int, files: int, nbytes: int, started: float) -> int:

@@ -12,12 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.builders import numeric_table
+from tests.s3server import acquire_shared, release_shared
 
 
-def _cli(*args, timeout=240):
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+def _cli(*args, timeout=240, env=None, verbose=False):
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, **(env or {}))
     return subprocess.run(
-        [sys.executable, "-m", "dataplane.cli", "export", *map(str, args)],
+        [sys.executable, "-m", "dataplane.cli", *(["-v"] if verbose else []), "export", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, env=env,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
@@ -68,3 +69,42 @@ def test_bad_source_is_a_clear_error_and_leaves_nothing(tmp_path, make, message)
     assert res.returncode != 0
     assert "dataplane export: error:" in res.stderr and message in res.stderr
     assert not dst.exists()
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """The session's shared SeaweedFS server (tests.s3server)."""
+    yield acquire_shared(tmp_path_factory.mktemp("seaweedfs"))
+    release_shared()
+
+
+@pytest.mark.s3
+def test_s3_problems_are_named_before_the_job_and_v_shows_the_traceback(tmp_path, s3_server):
+    # --to parquet on s3:// failed with "An error occurred while calling o53.parquet." (Spark's
+    # JVM has no S3 connector here); bad credentials printed the SDK's raw text; -v showed no
+    # traceback for either
+    pq.write_table(numeric_table(20), tmp_path / "a.parquet")
+    bucket = s3_server.make_bucket()
+    dst = f"s3://{bucket}/out"
+    out = _cli(tmp_path, dst, "--to", "parquet", "--master", "local[1]", env=s3_server.env())
+    assert out.returncode == 2, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line == (
+        f"dataplane export: error: --to parquet writes with Spark's own Parquet writer (and reads a "
+        f"Parquet SRC with spark.read.parquet), and this Spark cannot open {dst}: "
+        f"org.apache.hadoop.fs.UnsupportedFileSystemException: No FileSystem for scheme \"s3\". "
+        f"Either for S3, put hadoop-aws on Spark's classpath (spark.jars.packages="
+        f"org.apache.hadoop:hadoop-aws:<its Hadoop version> in spark-defaults.conf) and use s3a:// "
+        f"URLs, or export --to tfrecord, whose tasks reach s3:// through pyarrow."), line
+    assert s3_server.filesystem().get_file_info(f"{bucket}/out").type.name == "NotFound"
+    # the tfrecord export reaches the same bucket
+    ok = _cli(tmp_path, dst, "--to", "tfrecord", "--master", "local[1]", env=s3_server.env())
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"exported 20 rows from {tmp_path} to {dst} (tfrecord)")
+    bad = _cli(tmp_path, f"s3://{bucket}/out2", "--to", "tfrecord",
+               env=s3_server.env(secret_key="not-the-secret"), verbose=True)
+    assert bad.returncode == 2
+    assert "Traceback (most recent call last)" in bad.stderr
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dataplane export: error: cannot reach {tmp_path} or s3://{bucket}/out2: ")
+    assert "ACCESS_DENIED" in last and "refused the credentials: check AWS_ACCESS_KEY_ID" in last
