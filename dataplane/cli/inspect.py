@@ -251,6 +251,10 @@ def run(args: argparse.Namespace) -> int:
                         sample=args.sample, count=not args.no_count)
     except (DataplaneError, ValueError, OSError) as exc:
         hint = " (here: --compression gzip or zlib)" if getattr(exc, "maybe_compressed", False) else ""
+        if getattr(args, "verbose", 0):
+            import traceback
+
+            traceback.print_exc()
         print(f"dataplane inspect: error: {' '.join(str(exc).split())}{hint}", file=sys.stderr)
         return _EXIT_FAILED
     print(json.dumps(info, indent=1) if args.json else _render(info))

@@ -111,6 +111,12 @@ def test_missing_path_fails_with_message(tmp_path):
     out = _inspect(str(tmp_path / "nope"))
     assert out.returncode == 1
     assert f"dataplane inspect: error: {tmp_path / 'nope'} does not exist" in out.stderr
+    assert "Traceback" not in out.stderr
+    # -v: the traceback, then the same line (the README: "-v for the traceback")
+    loud = subprocess.run([sys.executable, "-m", "dataplane.cli", "-v", "inspect", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert loud.returncode == 1 and "Traceback (most recent call last)" in loud.stderr
+    assert loud.stderr.strip().splitlines()[-1].startswith(f"dataplane inspect: error: {tmp_path / 'nope'} does not exist")
 
 
 @pytest.mark.s3
