@@ -240,8 +240,9 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
         if not isinstance(filesystem, fs.FileSystem):
             filesystem = fs.PyFileSystem(fs.FSSpecHandler(filesystem))
         path = url.split("://", 1)[1] if scheme else url
-        if scheme in ("", "file"):
-            path = os.path.abspath(path)
+        if scheme == "file" or (scheme == "" and isinstance(filesystem, fs.LocalFileSystem)):
+            path = os.path.abspath(url_path if scheme == "file" else path)
+        # any other filesystem takes its own paths as given ("bucket/key" for S3FileSystem)
         return Location(filesystem, path.rstrip("/") or "/", url, "custom")
     if scheme in ("", "file"):
         from pyarrow import fs
@@ -252,6 +253,11 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
         if not netloc:
             raise StorageError(f"{url!r} names no bucket; write it as s3://bucket/prefix.")
         path = f"{netloc}{url_path}".rstrip("/")
+        if "//" in path:
+            raise StorageError(
+                f"{url!r} has an empty path component ('//'); pyarrow's S3 client cannot address "
+                f"such a key. Remove the extra '/'."
+            )
         return Location(s3_filesystem(), path, url, "s3")
     if scheme in ("hdfs", "viewfs"):
         return Location(hdfs_filesystem(url), url_path.rstrip("/") or "/", url, "hdfs")

@@ -70,6 +70,25 @@ def test_explicit_filesystem_strips_the_scheme(tmp_path):
     assert (loc.filesystem, loc.path, loc.scheme) == (local, f"{tmp_path}/x", "custom")
 
 
+def test_a_path_given_with_a_filesystem_is_that_filesystems_path(tmp_path, monkeypatch):
+    # "bucket/key" with filesystem=S3FileSystem(...) (pyarrow's own convention) was made into
+    # a local absolute path: "Path cannot start with a separator ('/home/me/bucket/key')"
+    s3 = fs.S3FileSystem(endpoint_override="127.0.0.1:1", scheme="http", access_key="a", secret_key="b")
+    loc = resolve("bucket/some/key/", filesystem=s3)
+    assert (loc.filesystem, loc.path, loc.url) == (s3, "bucket/some/key", "bucket/some/key/")
+    monkeypatch.chdir(tmp_path)
+    local = fs.LocalFileSystem()
+    assert resolve("rel/x", filesystem=local).path == f"{tmp_path}/rel/x"  # local: as today
+    assert resolve(f"file://{tmp_path}/y", filesystem=local).path == f"{tmp_path}/y"
+
+
+def test_an_s3_url_with_an_empty_path_component_is_named(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    with pytest.raises(StorageError, match=r"^'s3://b//k' has an empty path component \('//'\); .* "
+                                           r"Remove the extra '/'\.$"):
+        resolve("s3://b//k")
+
+
 def test_hdfs_problems_name_each_missing_piece(tmp_path):
     problems = hdfs_problems(env={})
     assert len(problems) == 3
