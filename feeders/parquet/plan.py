@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -107,8 +108,6 @@ def _read_footer(loc: Location, path: str) -> Any:
 
 def pandas_index_columns(schema: pa.Schema) -> list[str]:
     """The columns pandas' ``to_parquet`` wrote for an unnamed index (``__index_level_N__``)."""
-    import re
-
     try:
         listed = (schema.pandas_metadata or {}).get("index_columns", [])
     except (ValueError, TypeError, AttributeError):  # metadata that is not pandas' JSON
@@ -140,6 +139,22 @@ def _check_same_schema(loc: Location, files: list[str], metas: list[Any], names:
                     f"every file of a data set must share one schema. Rewrite the files with "
                     f"one schema (cast the column)."
                 )
+
+
+def _check_no_extra_columns(loc: Location, files: list[str], metas: list[Any], schema: pa.Schema) -> None:
+    """With every column wanted (``columns=None``), a column only some files have would be
+    dropped without a word: the columns come from the first file's footer."""
+    known = set(schema.names)
+    for path, meta in zip(files[1:], metas[1:]):
+        extra = [n for n in meta.schema.to_arrow_schema().names
+                 if n not in known and not re.fullmatch(r"__index_level_\d+__", n)]
+        if extra:
+            raise SchemaError(
+                f"{loc.display(path)} has column(s) {extra} that {loc.display(files[0])} does not "
+                f"have; every file of a data set must have the same columns. Rewrite the odd "
+                f"file, or pass columns= naming the columns to read (those every file has: "
+                f"{sorted(known)[:10]}{' ...' if len(known) > 10 else ''})."
+            )
 
 
 def check_nulls(
@@ -206,6 +221,8 @@ def plan_parquet(
     skipped = [c for c in pandas_index_columns(first) if columns is None or c not in columns]
     names = list(columns) if columns is not None else [n for n in schema.names if n not in skipped]
     _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
+    if columns is None:
+        _check_no_extra_columns(loc, files, metas, schema)
     hive = hive_columns(files, listing_root(loc), schema.names, display=loc.display)
 
     units: list[tuple[str, list[int] | None]]

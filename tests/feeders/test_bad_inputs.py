@@ -207,6 +207,16 @@ def test_schema_differing_between_files(tmp_path):
     with pytest.raises(SchemaError, match=r"column 'x' is in .*part-0\.parquet but missing from "
                                           r".*part-2\.parquet"):
         feeders.parquet_dataset(tmp_path, columns=["x"])
+    # the other way round: a later file's extra column was dropped without a word
+    (tmp_path / "part-0.parquet").unlink()
+    pq.write_table(pa.table({"id": [6], "extra": [1.5]}), tmp_path / "part-3.parquet")
+    with pytest.raises(SchemaError) as info:
+        feeders.parquet_dataset(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path}/part-3.parquet has column(s) ['extra'] that {tmp_path}/part-2.parquet does not "
+        f"have; every file of a data set must have the same columns. Rewrite the odd file, or pass "
+        f"columns= naming the columns to read (those every file has: ['id']).")
+    assert [b["id"].numpy().tolist() for b in feeders.parquet_dataset(tmp_path, columns=["id"])] == [[5, 6]]
 
 
 def test_null_in_a_dense_parquet_column(tmp_path):
