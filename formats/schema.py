@@ -303,6 +303,8 @@ def column_specs(
         shapes: declared per-row shapes for list columns; turns a ragged list into a dense
             tensor of that shape (rows whose length differs are an error at read time).
         fill_values: value to put in place of nulls per column (default: nulls are an error).
+            In a list column it fills null elements, and a null list becomes an empty list
+            (ragged levels) or a list of the declared shape holding the value.
         flatten_structs: map each struct column to one column per leaf field, named
             ``"parent.child"`` (default False: a struct column is a SchemaError, because
             silently renaming columns would surprise a model expecting the original names).
@@ -522,6 +524,32 @@ def _list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return values, offsets - offsets[0]
 
 
+def _fill_null_lists(arr: pa.Array, spec: ColumnSpec, level: int) -> pa.Array:
+    """``arr`` (list level ``level`` of a column) with its null lists replaced: by a list of
+    the declared shape holding ``spec.fill`` where the rest of the shape is known (dense), else
+    by an empty list (ragged)."""
+    import pyarrow.compute as pc
+
+    rest = tuple(spec.shape[level:]) if spec.shape else ()
+    depth = _list_type_depth(arr.type)
+    value: Any = []
+    if rest and all(d is not None for d in rest):
+        if depth == 1:  # the leaf lists: a flat run of values (shape (28, 28) from 784 floats)
+            value = [spec.fill] * math.prod(rest)  # type: ignore[arg-type]
+        elif depth == len(rest):
+            value = spec.fill
+            for d in reversed(rest):
+                value = [value] * int(d)  # type: ignore[arg-type]
+    return pc.if_else(arr.is_null(), pa.scalar(value, type=arr.type), arr)
+
+
+def _list_type_depth(t: pa.DataType) -> int:
+    depth = 0
+    while is_list_type(t):
+        t, depth = t.value_type, depth + 1
+    return depth
+
+
 def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray | RaggedColumn:
     if isinstance(arr, pa.ChunkedArray):
         # one chunk: use it as it is (combine_chunks copies even then, e.g. list columns)
@@ -533,10 +561,14 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
     cur = arr
     while is_list_type(cur.type):
         if cur.null_count:
-            raise SchemaError(
-                f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold a "
-                f"null list. Replace nulls with empty lists (coalesce(col, array())) first."
-            )
+            if spec.fill is None:
+                raise SchemaError(
+                    f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold "
+                    f"a null list. Give a fill value (fill_values={{{name!r}: 0}}: a null list "
+                    f"becomes an empty one, or one of the declared shape holding the value) or "
+                    f"replace nulls with empty lists (coalesce(col, array())) first."
+                )
+            cur = _fill_null_lists(cur, spec, len(splits))
         cur, s = _list_parts(cur)
         splits.append(s)
     values = _flat_values(name, cur, spec, elements=True)

@@ -166,7 +166,9 @@ class NodeContext:
             shapes: per-row shapes for array columns, e.g. ``{"image": (28, 28)}``. Arrays
                 whose shape is the same in every row are dense without this: ``[batch, n]``,
                 or ``[batch, 28, 28]`` for an image given as ``array<array<float>>``.
-            fill_values: values replacing nulls per column (default: a null is an error).
+            fill_values: values replacing nulls per column (default: a null is an error). In
+                an array column it fills null elements, and a null array becomes an empty one
+                (ragged) or one of the declared shape holding the value.
             prefetch: batches prepared ahead of the training step.
             repeat: one stream over every pushed epoch (see above); ``split="train"`` only,
                 since Keras starts a new pass over validation data every epoch.

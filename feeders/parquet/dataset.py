@@ -51,7 +51,9 @@ def parquet_dataset(
         filesystem: a ``pyarrow.fs`` (or fsspec) filesystem to read with instead of the one the
             URL implies.
         shapes: declared per-row shapes for list columns (dense instead of ragged).
-        fill_values: per-column value for nulls (default: a null is a ``SchemaError``).
+        fill_values: per-column value for nulls (default: a null is a ``SchemaError``). In a
+            list column it fills null elements, and a null list becomes an empty list (ragged)
+            or a list of the declared shape holding the value.
         prefetch: batches to prefetch (default 8; ``tf.data.AUTOTUNE`` turns tf.data's
             autotuning back on for this dataset).
 

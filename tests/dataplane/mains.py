@@ -262,3 +262,14 @@ def late_strategy_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     tf.distribute.MultiWorkerMirroredStrategy()
     for _ in ds:
         pass
+
+
+def null_arrays_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read one pushed epoch of an array column with null rows and a fill value; record each
+    row's id and values."""
+    ds = ctx.dataset(batch_size=8, fill_values={"v": -1.0, "jag": 0})
+    rows = {}
+    for b in ds:
+        for i, v, jag in zip(b["id"].numpy(), b["v"].numpy(), b["jag"].to_list()):
+            rows[int(i)] = {"v": v.tolist(), "jag": jag, "v_shape": b["v"].shape.as_list()[1:]}
+    _write(os.path.join(args["dir"], f"nulls{ctx.node_id}.json"), rows)

@@ -86,3 +86,27 @@ def test_a_null_without_a_fill_value_names_the_column(spark, tmp_path):
     assert "column 'label' has 1 null value(s)" in text
     assert "fill_values={'label': 0}" in text
     wait_gone(pids, 15)
+
+
+def test_a_fill_value_fills_null_arrays_as_well_as_null_elements(spark, tmp_path):
+    # fill_values={"v": -1.0} was accepted, and a null array row then failed the pass with
+    # "has 1 null list(s)": only null elements inside arrays were filled
+    from tests.dataplane.mains import null_arrays_main
+
+    df = spark.range(40).selectExpr(
+        "id",
+        "IF(id % 5 = 0, NULL, array(cast(id as float), cast(id as float) + 0.5)) AS v",
+        "IF(id % 7 = 0, NULL, IF(id % 3 = 0, array(cast(id as int), NULL), array(cast(id as int)))) AS jag",
+    )
+    with dataplane.run(spark, null_arrays_main, {"dir": str(tmp_path)}, num_nodes=2) as cluster:
+        report = cluster.train(df, num_epochs=1)
+    assert report.rows == 40
+    rows = {}
+    for i in (0, 1):
+        rows.update({int(k): v for k, v in wait_json(tmp_path / f"nulls{i}.json").items()})
+    assert sorted(rows) == list(range(40))
+    for i, r in rows.items():
+        assert r["v_shape"] == [2]  # dense: every non-null row holds 2 values
+        assert r["v"] == ([-1.0, -1.0] if i % 5 == 0 else [float(i), i + 0.5]), (i, r)
+        want = [] if i % 7 == 0 else ([i, 0] if i % 3 == 0 else [i])
+        assert r["jag"] == want, (i, r)

@@ -231,6 +231,22 @@ def test_null_in_a_dense_parquet_column(tmp_path):
     assert batch["x"].numpy().tolist() == [1.5, -1.0, 3.0]
 
 
+def test_null_arrays_in_parquet_take_the_fill_value(tmp_path):
+    # fill_values filled only null elements; a null list still failed mid-iteration
+    pq.write_table(pa.table({
+        "id": [0, 1, 2, 3],
+        "img": pa.array([[1.0, 2.0, 3.0, 4.0], None, [5.0, None, 7.0, 8.0], [9.0] * 4], pa.list_(pa.float32())),
+        "tags": pa.array([[1], None, [2, 3], []], pa.list_(pa.int64())),
+    }), tmp_path / "arrays.parquet")
+    ds = feeders.parquet_dataset(tmp_path, shapes={"img": (2, 2)}, fill_values={"img": 0.0, "tags": -1})
+    b = next(iter(ds))
+    assert b["img"].numpy().tolist() == [[[1, 2], [3, 4]], [[0, 0], [0, 0]], [[5, 0], [7, 8]], [[9, 9], [9, 9]]]
+    assert b["tags"].to_list() == [[1], [], [2, 3], []]
+    with pytest.raises(Exception, match=r"column 'img' has 1 null list\(s\); .*Give a fill value "
+                                        r"\(fill_values=\{'img': 0\}: a null list becomes an empty one"):
+        list(feeders.parquet_dataset(tmp_path, columns=["img"], shapes={"img": (2, 2)}))
+
+
 def test_null_in_a_dense_tfrecord_column(tmp_path):
     table = pa.table({"id": [0, 1, 2], "x": pa.array([1.5, None, 3.0], pa.float32())})
     write_tfrecord_files(table, tmp_path)  # the null is an absent feature
