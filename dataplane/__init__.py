@@ -14,6 +14,7 @@ from dataplane.errors import (
     DataplaneError,
     FeedError,
     NodeError,
+    NodeSchemaError,
     RecordError,
     ReservationError,
     SchemaError,
@@ -39,6 +40,7 @@ __all__ = [
     "StackError",
     "ReservationError",
     "NodeError",
+    "NodeSchemaError",
     "FeedError",
     "ClusterStateError",
 ]

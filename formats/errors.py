@@ -17,6 +17,7 @@ __all__ = [
     "StackError",
     "ReservationError",
     "NodeError",
+    "NodeSchemaError",
     "FeedError",
     "ClusterStateError",
     "NotServing",
@@ -82,6 +83,12 @@ class NodeError(DataplaneError, RuntimeError):
         super().__init__(message)
         self.node = node
         self.remote_traceback = remote_traceback
+
+
+class NodeSchemaError(NodeError, SchemaError):
+    """A node's main raised a :class:`SchemaError` (a null without a fill value, a column TF
+    cannot hold, a row of the wrong shape): ``except SchemaError`` and ``except NodeError``
+    both catch it."""
 
 
 class FeedError(DataplaneError, RuntimeError):

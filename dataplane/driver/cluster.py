@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
-from dataplane.errors import ClusterStateError, NodeError, error_summary, known_fix
+from dataplane.errors import ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix
 from dataplane.driver.feed import Feeder, FeedReport
 from dataplane.driver.sparkjobs import SparkJob, spark_stopped
 from dataplane.topology import NodeInfo, Topology
@@ -341,9 +341,11 @@ class Cluster:
                 name = info.describe() if info else f"node {nid}"
                 if st.done and not st.ok:
                     fix = known_fix(st.traceback)
-                    return NodeError(
-                        f"{name}: main raised:\n{error_summary(st.traceback)}"
-                        + (f"\n{fix}" if fix else ""),
+                    summary = error_summary(st.traceback)
+                    # a SchemaError on the node is one for the caller too (a null, a shape)
+                    cls = NodeSchemaError if summary.split(":", 1)[0].endswith("SchemaError") else NodeError
+                    return cls(
+                        f"{name}: main raised:\n{summary}" + (f"\n{fix}" if fix else ""),
                         node=info, remote_traceback=st.traceback,
                     )
                 if include_lost and not st.exited and now - st.last_seen > self._node_timeout:

@@ -182,6 +182,7 @@ def test_a_node_dying_mid_train_fails_that_call_and_every_later_one(spark):
             cluster.train(df, num_epochs=2)
         assert time.monotonic() - t0 < 20  # a push job, the node's death, and ~10 s to tell
         assert "ValueError: row 1500 is poison" in info.value.remote_traceback
+        assert not isinstance(info.value, SchemaError)  # only a node's SchemaError is one
         for call in (lambda: cluster.train(df), lambda: cluster.inference(df)):
             t1 = time.monotonic()
             with pytest.raises(NodeError, match="main raised"):

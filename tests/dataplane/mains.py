@@ -273,3 +273,9 @@ def null_arrays_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         for i, v, jag in zip(b["id"].numpy(), b["v"].numpy(), b["jag"].to_list()):
             rows[int(i)] = {"v": v.tolist(), "jag": jag, "v_shape": b["v"].shape.as_list()[1:]}
     _write(os.path.join(args["dir"], f"nulls{ctx.node_id}.json"), rows)
+
+
+def wrong_label_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Names a label column the pushed DataFrame does not have (a SchemaError on the node)."""
+    for _ in ctx.dataset(batch_size=4, label="nope"):
+        pass

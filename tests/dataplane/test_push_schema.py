@@ -82,10 +82,26 @@ def test_a_null_without_a_fill_value_names_the_column(spark, tmp_path):
         assert not (tmp_path / f"node{err.node.node_id}-epoch0.json").exists()
     else:
         cluster.shutdown(timeout=30)
+    # either way `except SchemaError` catches it (a NodeError was only a RuntimeError)
+    assert isinstance(err, SchemaError), type(err)
     text = str(err) + getattr(err, "remote_traceback", "")
     assert "column 'label' has 1 null value(s)" in text
     assert "fill_values={'label': 0}" in text
     wait_gone(pids, 15)
+
+
+def test_a_schema_error_on_the_node_is_a_schema_error_for_the_caller(spark):
+    # it came back as a NodeError, a RuntimeError: `except SchemaError` missed it
+    from dataplane.errors import NodeSchemaError
+    from tests.dataplane.mains import wrong_label_main
+
+    with dataplane.run(spark, wrong_label_main, {}, num_nodes=1) as cluster:
+        with pytest.raises(SchemaError) as info:
+            cluster.train(spark.range(8), num_epochs=1)
+        assert isinstance(info.value, NodeError) and isinstance(info.value, NodeSchemaError)
+        assert "label column 'nope' is not in the pushed DataFrame" in str(info.value)
+        with pytest.raises(NodeSchemaError):
+            cluster.shutdown(timeout=30)
 
 
 def test_a_fill_value_fills_null_arrays_as_well_as_null_elements(spark, tmp_path):
