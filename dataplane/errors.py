@@ -97,7 +97,7 @@ def spark_job_error(e: BaseException, *, max_lines: int = 8) -> str:
     """
     text = str(e).strip()
     for line in text.splitlines():
-        if "FeedError: " in line or "SchemaError: " in line or "failed to start" in line:
+        if any(f"{name}: " in line for name in _OURS_IN_TASKS) or "failed to start" in line:
             return line.strip()
     if "Traceback (most recent call last)" in text:
         return error_summary(text, max_lines=max_lines)
@@ -113,7 +113,8 @@ def spark_job_error(e: BaseException, *, max_lines: int = 8) -> str:
     return lines[0][:2000] if text else repr(e)
 
 
-_PY4J_CALL = re.compile(r"^An error occurred while calling [\w.]+\.?$")
+_OURS_IN_TASKS = ("FeedError", "SchemaError", "RecordError", "StorageError")
+_PY4J_CALL = re.compile(r"^An error occurred while calling [\w.:$]+\.?$")  # o85.collect, z:org.x.Y.m
 
 
 _DICT_OF_COLUMNS = (

@@ -177,22 +177,15 @@ def _jvm_cannot_reach(spark: Any, urls: list[str]) -> str | None:
 
 
 def _spark_error_text(exc: BaseException) -> str:
-    """The useful line of a Spark/py4j error: the Python exception raised in a task if any."""
-    text = str(exc)
-    if "Traceback (most recent call last)" in text:
-        tail = text.split("Traceback (most recent call last)", 1)[1].splitlines()
-        errs = [ln for ln in tail if ln.strip() and not ln[0].isspace() and not ln.startswith("\tat")]
-        errs = [ln.split(" SQLSTATE")[0] for ln in errs if not ln.startswith(("SQLSTATE", "JVM"))]
-        if errs:
-            text = errs[-1] if ":" in errs[-1] else "\n".join(errs)
-    for marker in ("SchemaError: ", "RecordError: ", "StorageError: "):
+    """The useful line of a Spark/py4j error (:func:`dataplane.errors.spark_job_error`), our
+    own errors raised in a task shown from their class name on."""
+    from dataplane.errors import spark_job_error
+
+    text = spark_job_error(exc, max_lines=1)
+    for marker in ("SchemaError: ", "RecordError: ", "StorageError: ", "FeedError: "):
         if marker in text:
-            return marker + text.split(marker, 1)[1].strip().splitlines()[0]
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
-        # py4j: the Java exception is on the next line (": java.lang.X: message")
-        return lines[1].lstrip(": ").strip()
-    return lines[0] if lines else type(exc).__name__
+            return marker + text.split(marker, 1)[1].strip()
+    return text
 
 
 def _remove_output(loc: Any, created: bool) -> None:

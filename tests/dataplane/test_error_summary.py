@@ -105,6 +105,13 @@ def test_a_failed_spark_job_is_worded_the_same_for_the_launch_and_the_push():
     assert spark_job_error(RuntimeError(python), max_lines=1) == "ValueError: no price for id 150"
     ours = "Job aborted\nTraceback (most recent call last):\ndataplane.errors.FeedError: node 1 went away\n"
     assert spark_job_error(RuntimeError(ours)) == "dataplane.errors.FeedError: node 1 went away"
+    # a static JVM method's call reads "z:...", which the header pattern missed
+    static = ("An error occurred while calling z:org.apache.hadoop.fs.FileSystem.getFileSystemClass.\n"
+              ': org.apache.hadoop.fs.UnsupportedFileSystemException: No FileSystem for scheme "s3"\n'
+              "\tat org.apache.hadoop.fs.FileSystem.getFileSystemClass(FileSystem.java:3581)\n")
+    assert spark_job_error(RuntimeError(static)) == 'UnsupportedFileSystemException: No FileSystem for scheme "s3"'
+    task = "Job aborted\nformats.errors.StorageError: cannot read s3://b/k: denied\n"
+    assert spark_job_error(RuntimeError(task)) == "formats.errors.StorageError: cannot read s3://b/k: denied"
 
 
 def test_data_notes_name_an_empty_pass_only_when_there_was_one():

@@ -92,7 +92,7 @@ def test_s3_problems_are_named_before_the_job_and_v_shows_the_traceback(tmp_path
     assert line == (
         f"dataplane export: error: --to parquet writes with Spark's own Parquet writer (and reads a "
         f"Parquet SRC with spark.read.parquet), and this Spark cannot open {dst}: "
-        f"org.apache.hadoop.fs.UnsupportedFileSystemException: No FileSystem for scheme \"s3\". "
+        f"UnsupportedFileSystemException: No FileSystem for scheme \"s3\". "
         f"Either for S3, put hadoop-aws on Spark's classpath (spark.jars.packages="
         f"org.apache.hadoop:hadoop-aws:<its Hadoop version> in spark-defaults.conf) and use s3a:// "
         f"URLs, or export --to tfrecord, whose tasks reach s3:// through pyarrow."), line
