@@ -6,13 +6,17 @@ Both are real ``pyspark.ml`` stages (``Params``, ``Estimator`` / ``Model``), so 
 ``TFEstimator.fit(df)`` starts a cluster (:func:`dataplane.run`), pushes ``inputCols`` +
 ``labelCol`` through the Flight push path (``cluster.train``) ``epochs`` times, and runs the
 user's ``train_fn(args, ctx)`` on every node. ``train_fn`` reads ``ctx.dataset(...)``, trains, and
-returns the Keras model; the chief saves it as ``<exportDir>/model.keras``. The returned
-:class:`TFModel` points at that file.
+returns the Keras model; the chief saves it as ``<exportDir>/fit-<time>-<id>/model.keras``, a
+directory of this fit's own, so that a later fit (another param map, a CrossValidator running
+fits in parallel, a refit that fails) never changes or removes a model already fitted. The
+returned :class:`TFModel` points at that file.
 
 ``TFModel.transform(df)`` appends ``predictionCol`` with :func:`dataplane.predict` and keeps every
 input column (TensorFlowOnSpark's TFModel drops them).
 
-Saving: both stages store their params as JSON metadata (``DefaultParamsWritable``). The
+Saving: both stages store their params as JSON metadata (``DefaultParamsWritable``). A saved
+``TFModel`` (alone or inside a ``PipelineModel``) also holds a copy of its model, so it loads and
+scores after ``exportDir`` is gone (a remote ``modelPath`` is kept as a reference). The
 estimator's ``train_fn`` and ``args`` are Python objects, so they are written beside it with
 cloudpickle (``train_fn.pkl``): load it only from a path you trust, like any pickle.
 """
@@ -22,6 +26,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import time
+import uuid
 from typing import Any, Callable
 
 from pyspark.ml import Estimator, Model
@@ -39,9 +46,10 @@ __all__ = ["TFEstimator", "TFModel", "MODEL_FILE"]
 
 logger = logging.getLogger(__name__)
 
-#: File name of the saved Keras model inside ``exportDir``.
+#: File name of the saved Keras model inside each fit's directory under ``exportDir``.
 MODEL_FILE = "model.keras"
 _PICKLE_FILE = "train_fn.pkl"
+_MODEL_COPY = "model"  # a saved TFModel's copy of its model, inside the stage's directory
 
 
 class _SharedParams(Params):
@@ -79,7 +87,7 @@ class _FitMain:
         model = self.train_fn(args, ctx)
         if model is None:
             return
-        if ctx.role == "chief":
+        if ctx.role == "chief" and "://" not in args.model_path:
             os.makedirs(os.path.dirname(args.model_path), exist_ok=True)
         # every worker saves (the others to a discarded copy): under
         # MultiWorkerMirroredStrategy a save on the chief alone never returns
@@ -114,6 +122,47 @@ class _EstimatorReader(DefaultParamsReader):
         return instance
 
 
+class _ModelWriter(DefaultParamsWriter):
+    """Params as JSON plus a copy of the model, so the saved stage does not depend on
+    ``exportDir`` (which the next fit, or a clean-up, may change)."""
+
+    def saveImpl(self, path: str) -> None:
+        super().saveImpl(path)
+        model = self.instance.getOrDefault(self.instance.modelPath) if self.instance.isDefined(
+            self.instance.modelPath) else None
+        if not model or "://" in model or not os.path.exists(model):
+            if model:
+                logger.warning("TFModel.save: %s is not a local file; the saved stage refers to "
+                               "it and needs it to stay there", model)
+            return
+        try:
+            local = _local_dir(path)
+        except StorageError:
+            logger.warning("TFModel.save: %s is not a local path; the saved stage refers to %s "
+                           "and needs it to stay there", path, model)
+            return
+        dest = os.path.join(local, _MODEL_COPY, os.path.basename(model.rstrip("/")))
+        if os.path.isdir(model):
+            shutil.copytree(model, dest, dirs_exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(model, dest)
+
+
+class _ModelReader(DefaultParamsReader):
+    def load(self, path: str) -> "TFModel":
+        instance = super().load(path)
+        try:
+            folder = os.path.join(_local_dir(path), _MODEL_COPY)
+        except StorageError:
+            return instance
+        if os.path.isdir(folder):
+            entries = sorted(os.listdir(folder))
+            if entries:
+                instance._set(modelPath=os.path.abspath(os.path.join(folder, entries[0])))
+        return instance
+
+
 def _local_dir(path: str) -> str:
     if path.startswith("file://"):
         return path[len("file://"):]
@@ -123,6 +172,18 @@ def _local_dir(path: str) -> str:
             f"written with local file I/O. Save the estimator to a local or mounted path."
         )
     return path
+
+
+def _check_param_names(stage: Params, params: dict[str, Any]) -> None:
+    """A TypeError for a keyword that is no param of ``stage`` (as Spark's own stages raise),
+    instead of pyspark's AttributeError from inside ``_set``."""
+    known = {p.name for p in stage.params}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise TypeError(
+            f"{type(stage).__name__}: unexpected keyword argument(s) {unknown}; its params are "
+            f"{sorted(known)}."
+        )
 
 
 def _merge_args(args: Any, extra: dict[str, Any]) -> argparse.Namespace:
@@ -157,15 +218,21 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
 
     With ``numNodes > 1`` every worker receives a share of the rows; to train one model, create
     a ``tf.distribute.MultiWorkerMirroredStrategy`` first thing in ``train_fn`` (``TF_CONFIG`` is
-    set) and train with a custom loop, since Keras 3's ``fit`` does not run under that strategy
-    (``examples/digits_push.py`` has one). Otherwise each node trains alone and only the chief's
-    model is saved.
+    set) and build and ``fit`` the model with ``tf_keras`` (Keras 2) under it, since Keras 3's
+    ``fit`` does not run under that strategy (see the README's Known limits); or train with a
+    custom loop (``examples/digits_push.py`` has one). Otherwise each node trains alone and only
+    the chief's model is saved. With ``numPS > 0`` train_fn runs on the parameter servers too
+    (``ctx.role == "ps"``), where it should serve (``ctx.server.join()``) rather than read data.
+
+    Every fit saves to a directory of its own under ``exportDir``
+    (``fit-<time>-<id>/model.keras``, also handed to train_fn as ``args.model_path``), so the
+    models of earlier fits, and pipelines saved with them, stay as they were.
     """
 
     labelCol = Param(Params._dummy(), "labelCol", "label column pushed with the inputs; '' for "
                      "none", typeConverter=TypeConverters.toString)
-    exportDir = Param(Params._dummy(), "exportDir", "directory the chief saves model.keras in",
-                      typeConverter=TypeConverters.toString)
+    exportDir = Param(Params._dummy(), "exportDir", "directory under which each fit's chief saves "
+                      "fit-<time>-<id>/model.keras", typeConverter=TypeConverters.toString)
     batchSize = Param(Params._dummy(), "batchSize", "training batch size handed to train_fn",
                       typeConverter=TypeConverters.toInt)
     epochs = Param(Params._dummy(), "epochs", "times every row is pushed",
@@ -190,9 +257,11 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
             predictionCol="prediction", labelCol="label", batchSize=128, epochs=1, numNodes=1,
             numPS=0, predictBatchSize=1024,
         )
+        _check_param_names(self, params)
         self._set(**params)
 
     def setParams(self, **params: Any) -> "TFEstimator":
+        _check_param_names(self, params)
         return self._set(**params)
 
     def setTrainFn(self, train_fn: Callable[[Any, Any], Any], args: Any = None) -> "TFEstimator":
@@ -213,6 +282,29 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
 
     def setNumNodes(self, value: int) -> "TFEstimator":
         return self._set(numNodes=value)
+
+    def setNumPS(self, value: int) -> "TFEstimator":
+        return self._set(numPS=value)
+
+    def setPredictBatchSize(self, value: int) -> "TFEstimator":
+        return self._set(predictBatchSize=value)
+
+    def getNumNodes(self) -> int:
+        return self.getOrDefault(self.numNodes)
+
+    def getNumPS(self) -> int:
+        return self.getOrDefault(self.numPS)
+
+    def getPredictBatchSize(self) -> int:
+        return self.getOrDefault(self.predictBatchSize)
+
+    def getTrainFn(self) -> Callable[[Any, Any], Any] | None:
+        """The train_fn (as given, or as loaded with the estimator)."""
+        return self._train_fn
+
+    def getArgs(self) -> Any:
+        """The args merged into train_fn's ``args`` (as given, or as loaded)."""
+        return self._args
 
     def getLabelCol(self) -> str:
         return self.getOrDefault(self.labelCol)
@@ -283,6 +375,8 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
         except SchemaError as exc:
             raise SchemaError(f"TFEstimator.fit: {exc}") from exc
         export = self.getExportDir()
+        if export.startswith("file://"):
+            export = export[len("file://"):]
         if "://" not in export:
             export = os.path.abspath(export)
             if os.path.exists(export) and not os.path.isdir(export):
@@ -296,14 +390,19 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
         import dataplane
 
         cols, label, export = self._validate(dataset)
-        model_path = os.path.join(export, MODEL_FILE)
+        # this fit's own directory: never another fit's model, never a stale one
+        fit_dir = f"fit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        model_path = f"{export.rstrip('/')}/{fit_dir}/{MODEL_FILE}"
         args = _merge_args(self._args, {
             "input_cols": cols, "label_col": label, "batch_size": self.getBatchSize(),
             "epochs": self.getEpochs(), "export_dir": export, "model_path": model_path,
         })
-        if "://" not in export and os.path.exists(model_path):
-            os.remove(model_path)  # a stale model must not pass for this fit's result
-        feed = dataset.select(*(cols + ([label] if label else [])))
+        feed = dataset.select(*[f"`{c}`" for c in cols + ([label] if label else [])])
+        if feed.isEmpty():
+            raise ValueError(
+                "TFEstimator.fit: the DataFrame has no rows; there is nothing to train on (check "
+                "the filters and joins before the estimator)."
+            )
         cluster = dataplane.run(
             dataset.sparkSession, _FitMain(self._train_fn), args,
             num_nodes=self.getOrDefault(self.numNodes), num_ps=self.getOrDefault(self.numPS),
@@ -342,10 +441,25 @@ class TFModel(_SharedParams, Model, DefaultParamsReadable, DefaultParamsWritable
     def __init__(self, **params: Any) -> None:
         super().__init__()
         self._setDefault(predictionCol="prediction", batchSize=1024, layer="")
+        _check_param_names(self, params)
         self._set(**params)
 
     def setParams(self, **params: Any) -> "TFModel":
+        _check_param_names(self, params)
         return self._set(**params)
+
+    @classmethod
+    def read(cls) -> _ModelReader:
+        return _ModelReader(cls)
+
+    def write(self) -> _ModelWriter:
+        return _ModelWriter(self)
+
+    def setModelPath(self, value: str) -> "TFModel":
+        return self._set(modelPath=value)
+
+    def getBatchSize(self) -> int:
+        return self.getOrDefault(self.batchSize)
 
     def setLayer(self, value: str) -> "TFModel":
         return self._set(layer=value)

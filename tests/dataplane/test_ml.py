@@ -52,7 +52,7 @@ def test_pipeline_fit_transform_keeps_columns_and_learns(fitted, digits):
     _, test = digits
     tf_model = model.stages[-1]
     assert isinstance(tf_model, TFModel)
-    assert tf_model.getModelPath().endswith("/model.keras")
+    assert tf_model.getModelPath().endswith("/model.keras") and "/fit-" in tf_model.getModelPath()
     out = model.transform(test)
     assert out.columns == ["id", "pixels", "label", "features", "probs"]
     assert out.count() == test.count() == 360
@@ -87,7 +87,10 @@ def test_pipeline_model_and_stages_save_and_load(fitted, digits, tmp_path):
     assert est._train_fn is digits_train_fn and est._args["hidden"] == 32
     m = TFModel(modelPath=model.stages[-1].getModelPath(), inputCols=["features"])
     m.save(str(tmp_path / "m"))
-    assert TFModel.load(str(tmp_path / "m")).getModelPath() == m.getModelPath()
+    # a saved model holds a copy of its model (the next fit, or a clean-up, may change exportDir)
+    copy = TFModel.load(str(tmp_path / "m")).getModelPath()
+    assert copy == str(tmp_path / "m" / "model" / "model.keras")
+    assert open(copy, "rb").read() == open(m.getModelPath(), "rb").read()
 
 
 def test_model_layer_param_extracts_features(fitted, digits):
@@ -132,3 +135,44 @@ def test_pipeline_on_spark_ml_vector_features(digits, tmp_path):
     x = np.array([r["features"].toArray() for r in rows], dtype=np.float32)
     np.testing.assert_allclose(np.array([r["probs"] for r in rows]), local.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_each_fit_keeps_its_own_model_and_a_saved_model_its_copy(spark, tmp_path):
+    # Every fit to one exportDir wrote the same model.keras: the first of two param maps then
+    # predicted the second's values (and CrossValidator(parallelism=2) scored every point with
+    # one model); a refit that failed deleted the good model; a saved PipelineModel held only
+    # the path. Column names with dots failed the fit's select; file:// exportDirs failed after
+    # training.
+    from pyspark.ml import PipelineModel
+
+    from dataplane.errors import NodeError
+    from tests.dataplane.workload_mains import const_train_fn
+
+    df = spark.range(24).selectExpr("array(cast(id as float), 1.0f) AS `f.x`", "cast(id % 2 as float) AS label")
+    export = tmp_path / "export"
+    est = TFEstimator(const_train_fn, inputCols=["f.x"], exportDir=f"file://{export}", batchSize=1)
+    m1, m2 = est.fit(df, params=[{est.epochs: 1}, {est.epochs: 2}])
+    assert m1.getModelPath() != m2.getModelPath()
+    for m in (m1, m2):
+        assert m.getModelPath().startswith(f"{export}/fit-") and m.getModelPath().endswith("/model.keras")
+
+    def predicted(model) -> set:
+        return {r["prediction"] for r in model.transform(df).collect()}
+
+    assert (predicted(m1), predicted(m2)) == ({11.0}, {21.0})
+    PipelineModel(stages=[m1]).write().overwrite().save(str(tmp_path / "pm"))
+    with pytest.raises(NodeError, match="this fit fails on purpose"):
+        TFEstimator(const_train_fn, {"fail": True}, inputCols=["f.x"], exportDir=str(export)).fit(df)
+    assert predicted(m1) == {11.0}  # the failed refit left it alone
+    import shutil
+
+    shutil.rmtree(export)
+    loaded = PipelineModel.load(str(tmp_path / "pm"))
+    assert loaded.stages[0].getModelPath().startswith(str(tmp_path / "pm"))
+    assert predicted(loaded) == {11.0}  # the saved stage holds its own copy
+    # nothing to train on: refused before any node starts
+    with pytest.raises(ValueError, match=r"TFEstimator.fit: the DataFrame has no rows"):
+        est.fit(df.limit(0))
+    with pytest.raises(TypeError, match=r"TFEstimator: unexpected keyword argument\(s\) \['epoch'\]"):
+        TFEstimator(const_train_fn, epoch=3)
+    assert (est.getNumNodes(), est.getNumPS(), est.getTrainFn()) == (1, 0, const_train_fn)

@@ -40,3 +40,20 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     with open(os.path.join(out, "done.json"), "w") as f:
         json.dump({"epochs": epoch}, f)
     _ = np  # keep numpy imported for the dataset conversion
+
+
+def const_train_fn(args, ctx):  # type: ignore[no-untyped-def]
+    """TFEstimator train_fn that reads every pushed epoch and returns a model whose output is
+    the constant ``epochs * 10 + batch_size`` (so a model tells which fit made it); raises
+    first when ``args.fail`` is set."""
+    import keras
+
+    if getattr(args, "fail", False):
+        raise RuntimeError("this fit fails on purpose")
+    ds = ctx.dataset(args.batch_size, features=args.input_cols, label=args.label_col)
+    for _ in range(args.epochs):
+        for _batch in ds:
+            pass
+    c = float(args.epochs * 10 + args.batch_size)
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        1, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant(c))])
