@@ -184,8 +184,13 @@ def model_input_nulls(name: str, arr: "pa.Array", where: str, who: str) -> Schem
 
     if arr.null_count:
         first = int(np.argmax(np.asarray(arr.is_null())))
-        fill = (f"F.coalesce(F.col({name!r}), F.array())" if is_list_type(arr.type)
-                else f"df.fillna({{{name!r}: 0}})")
+        if is_list_type(arr.type):
+            # an empty array would not fit the model's input: fill with one of the rows' length
+            valid = arr.drop_null()
+            n = len(valid[0].as_py()) if len(valid) else 1
+            fill = f"F.coalesce(F.col({name!r}), F.array_repeat(F.lit(0.0), {n}))"
+        else:
+            fill = f"df.fillna({{{name!r}: 0}})"
         return SchemaError(
             f"{who}: column {name!r} has {arr.null_count} null value(s) in {where} (the first in "
             f"row {first} of its batch); a model input cannot hold nulls. Fill them before "

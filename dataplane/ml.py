@@ -356,6 +356,16 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
                 f"TFEstimator.fit: column(s) {missing} are not in the DataFrame (columns: "
                 f"{dataset.columns}); set inputCols/labelCol (labelCol='' for no label)."
             )
+        if label:
+            from pyspark.sql.types import BinaryType, StringType
+
+            if isinstance(dataset.schema[label].dataType, (StringType, BinaryType)):
+                raise SchemaError(
+                    f"TFEstimator.fit: labelCol {label!r} is a {dataset.schema[label].dataType.simpleString()} "
+                    f"column; Keras losses take numbers. Index it first (pyspark.ml.feature."
+                    f"StringIndexer(inputCol={label!r}, outputCol='label_index')) and set "
+                    f"labelCol='label_index'."
+                )
         for name in ("epochs", "batchSize", "numNodes"):
             value = self.getOrDefault(getattr(self, name))
             if value < 1:

@@ -117,7 +117,7 @@ CASES = [
     # fillna does not fill arrays: a null array and a null inside one are told other fixes
     Case(PR, "null-array-in-input-column", _predict("SELECT id, IF(id = 2, NULL, array(1.0f, 2.0f)) AS v FROM range(4)",
                                                     input_cols=["v"]),
-         PythonException, ("'v'", "1 null value(s)", "F.coalesce(F.col('v'), F.array())", "df.na.drop(subset=['v'])"),
+         PythonException, ("'v'", "1 null value(s)", "F.coalesce(F.col('v'), F.array_repeat(F.lit(0.0), 2))", "df.na.drop(subset=['v'])"),
          stage="action", within=180, after=spark_usable),
     Case(PR, "null-inside-an-input-array", _predict("SELECT id, IF(id = 2, array(1.0f, NULL), array(1.0f, 2.0f)) AS v "
                                                     "FROM range(4)", input_cols=["v"]),

@@ -110,6 +110,11 @@ def test_fit_argument_errors(spark, digits):
         TFEstimator(digits_train_fn, inputCols=["pixels"]).fit(train)
     with pytest.raises(TypeError, match="no train_fn"):
         TFEstimator(inputCols=["pixels"], exportDir="/tmp/x").fit(train)
+    # a string label failed deep inside Keras, after the nodes had started
+    named = train.selectExpr("pixels", "CAST(label AS STRING) AS digit")
+    with pytest.raises(SchemaError, match=r"labelCol 'digit' is a string column; Keras losses take "
+                                          r"numbers\. Index it first \(pyspark\.ml\.feature\.StringIndexer"):
+        TFEstimator(digits_train_fn, inputCols=["pixels"], labelCol="digit", exportDir="/tmp/x").fit(named)
 
 
 def test_pipeline_on_spark_ml_vector_features(digits, tmp_path):
