@@ -97,7 +97,25 @@ def plan_tfrecord(
         RecordError: a sampled record is corrupt or truncated.
     """
     loc = resolve(path_or_url, filesystem=filesystem)
-    files = list_files(loc, accept=lambda p: not p.endswith(_NOT_DATA))
+    skipped: list[str] = []
+
+    def is_data(path: str) -> bool:
+        if path.endswith(_NOT_DATA):
+            skipped.append(path)
+            return False
+        return True
+
+    try:
+        files = list_files(loc, accept=is_data)
+    except StorageError as exc:
+        parquet = sorted(p for p in skipped if p.endswith(".parquet"))
+        if parquet:  # the usual mix-up: a Parquet data set given to the TFRecord reader
+            raise StorageError(
+                f"{loc.url} holds Parquet files ({loc.display(parquet[0])}"
+                f"{f' and {len(parquet) - 1} more' if len(parquet) > 1 else ''}), no TFRecord "
+                f"files; read it with feeders.parquet_dataset."
+            ) from exc
+        raise
     found = _schema_file_near(loc, files) if schema is None or compression is None else None
     comp = (
         normalize_compression(compression)

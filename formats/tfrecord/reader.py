@@ -304,8 +304,16 @@ class _Framer:
         self.pos = 0
 
     def _unreadable(self, offset: int, exc: BaseException) -> RecordError:
+        text = str(exc)
+        zlib_header = "incorrect header check" in text or "unknown compression method" in text
+        if offset == 0 and ("Not a gzipped file" in text or zlib_header):
+            # nothing decompressed at all: the file is not compressed this way
+            return RecordError(
+                f"{self.name}: not {'GZIP' if 'gzip' in text else 'ZLIB'}-compressed ({text}), but "
+                f"it is being read as such; pass compression=None (or the compression it has)."
+            )
         return RecordError(
-            f"{self.name}: cannot read past byte offset {offset} (uncompressed): {exc}. The file is "
+            f"{self.name}: cannot read past byte offset {offset} of its decompressed data: {exc}. The file is "
             f"truncated or not compressed the way it is being read; check the compression "
             f"argument."
         )

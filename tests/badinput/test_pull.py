@@ -132,7 +132,7 @@ CASES = [
     Case(TF, "missing-path", _at(lambda env: env.tmp / "nope", feeders.tfrecord_dataset),
          StorageError, ("nope", "does not exist")),
     Case(TF, "gzip-declared-for-plain-file", _tf(OK, compression="GZIP"), RecordError,
-         ("part-00000.tfrecord", "Not a gzipped file", "compression argument")),
+         ("part-00000.tfrecord", "not GZIP-compressed", "Not a gzipped file", "pass compression=None")),
     # ------------------------------------------------------------------ tfrecord: schema vs records
     Case(TF, "null-without-fill", _tf(NULLS, schema=NULLS.schema), SchemaError,
          ("part-00000.tfrecord", "record 1", "'x'", "fill_values={'x': 0}"),

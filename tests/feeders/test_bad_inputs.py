@@ -231,6 +231,15 @@ def test_null_in_a_dense_parquet_column(tmp_path):
     assert batch["x"].numpy().tolist() == [1.5, -1.0, 3.0]
 
 
+def test_a_parquet_directory_given_to_the_tfrecord_reader_is_named_as_parquet(tmp_path):
+    # it said "is a directory with no data files"
+    for i in range(2):
+        pq.write_table(numeric_table(4), tmp_path / f"part-{i}.parquet")
+    with pytest.raises(StorageError, match=rf"^{tmp_path} holds Parquet files \({tmp_path}/part-0\.parquet "
+                                           r"and 1 more\), no TFRecord files; read it with feeders\.parquet_dataset\.$"):
+        feeders.tfrecord_dataset(tmp_path)
+
+
 def test_null_arrays_in_parquet_take_the_fill_value(tmp_path):
     # fill_values filled only null elements; a null list still failed mid-iteration
     pq.write_table(pa.table({

@@ -119,6 +119,16 @@ def test_truncated_gzip_is_a_record_error(tmp_path):
         _read(p, "GZIP")
 
 
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_a_plain_file_read_as_compressed_is_told_so(tmp_path, compression):
+    # "cannot read past byte offset 0 (uncompressed): Not a gzipped file" read like damage
+    p = tmp_path / "plain.tfrecord"
+    _write(p, RECORDS)
+    with pytest.raises(RecordError, match=rf"^{p}: not {compression}-compressed \(.*\), but it is being "
+                                          r"read as such; pass compression=None \(or the compression it has\)\.$"):
+        _read(p, compression)
+
+
 def test_compression_names():
     assert tfrecord.normalize_compression("gzip") == "GZIP"
     assert tfrecord.normalize_compression("") is None
