@@ -72,8 +72,11 @@ def scan_batches(
         except (OSError, pa.ArrowInvalid) as exc:
             # The scanner reads files ahead and does not say which one failed.
             files = sorted({p for p, _ in units})
-            where = loc.display(files[0]) if len(files) == 1 else (
-                f"{loc.url} (one of its {len(files)} files)")
+            named = [f for f in files if f in str(exc)]  # pyarrow's text may name it, bare
+            if len(files) == 1 or named:
+                where = loc.display(max(named, key=len) if named else files[0])
+            else:
+                where = f"{loc.url} (one of its {len(files)} files)"
             err = storage_error(exc, "read the Parquet data of", where)
             if isinstance(exc, pa.ArrowInvalid) or "orrupt" in str(exc):
                 err = StorageError(

@@ -200,6 +200,16 @@ def test_an_epoch_left_early_leaves_no_reading_threads(tmp_path, monkeypatch):
     np.testing.assert_array_equal(_ids(ds), np.arange(3000))  # and the next epoch is whole
 
 
+def test_a_scanned_file_removed_after_planning_is_named(tmp_path):
+    # the scanner's error named only the data set ("one of its 3 files"), the file itself only
+    # inside pyarrow's text
+    files = write_parquet_files(numeric_table(300), tmp_path, files=3)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=100)
+    files[2].unlink()
+    with pytest.raises(Exception, match=rf"StorageError: cannot read the Parquet data of {files[2]}: "):
+        list(ds)
+
+
 def test_a_paged_file_rewritten_or_removed_after_planning_is_named(tmp_path):
     files = write_parquet_files(_image_table(400, size=4), tmp_path, files=2)
     ds = feeders.parquet_dataset(tmp_path, batch_size=100, shapes={"image": (4,)})
