@@ -331,6 +331,12 @@ def list_files(
             f"AWS_ENDPOINT_URL."
         )
     if info.type == fs.FileType.File:
+        name = loc.path.rsplit("/", 1)[-1]
+        if name == "_SUCCESS" or name.startswith(("_committed_", "_started_")) or name.endswith(".crc"):
+            raise StorageError(
+                f"{loc.url} is a marker file a writer leaves beside the data, not data; point at "
+                f"its directory ({loc.url.rsplit('/', 1)[0]})."
+            )
         return [loc.path]
     if info.type == fs.FileType.Unknown:  # a device, a pipe, a socket: nothing to list or seek
         raise StorageError(

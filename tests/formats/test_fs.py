@@ -142,6 +142,11 @@ def test_list_files_skips_markers_and_hidden(tmp_path):
                                                          "sub/part-2.parquet")]
     single = tmp_path / "part-0.parquet"
     assert list_files(resolve(single)) == [str(single)]
+    # a marker named on its own is not read as data (inspect talked of schema inference)
+    for marker in ("_SUCCESS", ".part-0.parquet.crc"):
+        with pytest.raises(StorageError, match=rf"^{tmp_path}/{marker} is a marker file a writer leaves "
+                                               rf"beside the data, not data; point at its directory \({tmp_path}\)\.$"):
+            list_files(resolve(tmp_path / marker))
 
 
 def test_a_device_or_pipe_is_named_as_neither_file_nor_directory(tmp_path):
