@@ -198,6 +198,13 @@ def _merge_args(args: Any, extra: dict[str, Any]) -> argparse.Namespace:
             f"TFEstimator: args must be a dict, an argparse.Namespace or None, got "
             f"{type(args).__name__}; train_fn receives them merged with the stage's params."
         )
+    replaced = sorted(k for k in extra if k in base and base[k] != extra[k])
+    if replaced:
+        logger.warning(
+            "TFEstimator: args %s are replaced by the stage's params (%s); set those as params "
+            "(epochs=, batchSize=, inputCols=, labelCol=, exportDir=) instead.",
+            replaced, ", ".join(f"{k}={extra[k]!r}" for k in replaced),
+        )
     base.update(extra)
     return argparse.Namespace(**base)
 

@@ -181,3 +181,20 @@ def test_each_fit_keeps_its_own_model_and_a_saved_model_its_copy(spark, tmp_path
     with pytest.raises(TypeError, match=r"TFEstimator: unexpected keyword argument\(s\) \['epoch'\]"):
         TFEstimator(const_train_fn, epoch=3)
     assert (est.getNumNodes(), est.getNumPS(), est.getTrainFn()) == (1, 0, const_train_fn)
+
+
+def test_args_the_params_replace_are_warned_about(caplog):
+    # {"epochs": 5} in args was silently replaced by the epochs param (default 1)
+    import logging
+
+    from dataplane.ml import _merge_args
+
+    caplog.set_level(logging.WARNING, logger="dataplane.ml")
+    merged = _merge_args({"epochs": 5, "lr": 0.1}, {"epochs": 1, "batch_size": 128})
+    assert (merged.epochs, merged.lr, merged.batch_size) == (1, 0.1, 128)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["TFEstimator: args ['epochs'] are replaced by the stage's params (epochs=1); set "
+                    "those as params (epochs=, batchSize=, inputCols=, labelCol=, exportDir=) instead."]
+    caplog.clear()
+    _merge_args({"epochs": 1}, {"epochs": 1})
+    assert not caplog.records  # the same value: nothing to say
