@@ -129,7 +129,7 @@ class Action(str, enum.Enum):
     EPOCH_STATE = "epoch_rows"  # {"epoch"} -> EpochState
     END_EPOCH = "end_epoch"  # {"epoch", "limit"}: rows every consuming worker yields
     METRICS = "metrics"
-    SHUTDOWN = "shutdown"
+    SHUTDOWN = "shutdown"  # {"now"}: stop; now (shutdown(drain=False), Ctrl-C): main gets 1 s, not stop_grace
     DROP_CACHE = "drop_cache"  # {"cache"}: forget a cached DataFrame, remove its spill files
 
 

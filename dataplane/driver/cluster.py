@@ -232,12 +232,12 @@ class Cluster:
             try:
                 self._drain(deadline)
             except BaseException:  # Ctrl-C while waiting for busy mains: stop them now
-                self._stop_nodes(10.0)
+                self._stop_nodes(10.0, now=True)
                 self._state = "stopped"
                 self._feeder.close()
                 raise
             failure = self._node_failure()
-        unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0))
+        unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0), now=not drain)
         self._state = "stopped"
         self._feeder.close()
         if failure is None:
@@ -413,15 +413,17 @@ class Cluster:
                 next_note = now + 60.0
             time.sleep(0.25)
 
-    def _stop_nodes(self, timeout: float) -> set[int]:
-        """Tell every node to stop and wait for them; returns the ids that could not be told."""
+    def _stop_nodes(self, timeout: float, *, now: bool = False) -> set[int]:
+        """Tell every node to stop and wait for them; returns the ids that could not be told.
+        ``now``: a main still running gets one second, not ``stop_grace``."""
         self._control.request_stop()
         unreachable: set[int] = set()
         for n in self.nodes:
             try:
                 from dataplane.rpc import do_json_action
+                from feeders.protocol import Action
 
-                do_json_action(self._client(n), self._secret, "shutdown", {}, timeout=5.0)
+                do_json_action(self._client(n), self._secret, Action.SHUTDOWN.value, {"now": now}, timeout=5.0)
             except Exception:  # noqa: BLE001 - it may be dead already; heartbeat tells it too
                 unreachable.add(n.node_id)
         ids = set(self._control.registered_ids())
@@ -465,7 +467,7 @@ class Cluster:
         self._state = "stopping"
         try:
             self._launch_job.cancel()
-            self._stop_nodes(timeout=15.0)
+            self._stop_nodes(timeout=15.0, now=True)
         finally:
             self._state = "stopped"
 

@@ -129,6 +129,7 @@ class _Node:
         self.node_id: int = self.cfg.node_id
         self.secret = self.cfg.secret
         self.stop_event = threading.Event()
+        self.stop_now = threading.Event()  # the driver aborts: main gets 1 s, not stop_grace
         self.role: str | None = None  # known once the driver sends the topology
         self.driver_lost = threading.Event()
         self.main_finished = threading.Event()
@@ -231,7 +232,11 @@ class _Node:
             f"port_range or stop what holds those ports."
         )
 
-    def request_stop(self) -> None:
+    def request_stop(self, now: bool = False) -> None:
+        """Stop the node: datasets end, serving ends; ``now`` (the driver is aborting: an
+        exception, Ctrl-C) gives a busy main one second instead of ``stop_grace``."""
+        if now:
+            self.stop_now.set()
         self.stop_event.set()
         if self.buffer is not None:
             self.buffer.stop()
@@ -343,9 +348,17 @@ class _Node:
     def _watchdog(self) -> None:
         """After a stop request, give main ``stop_grace`` seconds, then leave regardless."""
         self.stop_event.wait()
-        # a parameter server's main is server.join(), which never returns: no grace to wait
-        grace = min(1.0, float(self.cfg.stop_grace)) if self.role == "ps" else float(self.cfg.stop_grace)
-        if not self.main_finished.wait(grace):
+        t0 = time.monotonic()
+        while True:
+            # a parameter server's main is server.join(), which never returns, and a driver
+            # that aborts (stop "now", which may come after the heartbeat's stop) waits for
+            # nobody: one second for them, stop_grace otherwise
+            quick = self.role == "ps" or self.stop_now.is_set()
+            grace = min(1.0, float(self.cfg.stop_grace)) if quick else float(self.cfg.stop_grace)
+            left = t0 + grace - time.monotonic()
+            if self.main_finished.wait(max(0.0, min(left, 0.25))) or left <= 0:
+                break
+        if not self.main_finished.is_set():
             logger.warning("node %d: main did not return after stop; exiting anyway", self.node_id)
             try:
                 self._send_with_log(self._driver(), "done", {"exiting": True}, timeout=5.0, final=True)

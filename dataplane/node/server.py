@@ -86,7 +86,7 @@ class NodeServer(flight.FlightServerBase):
         *,
         buffer: FeedBuffer,
         broker: InferenceBroker,
-        on_shutdown: Callable[[], None],
+        on_shutdown: Callable[[bool], None],
         node_id: int,
         tls_certificates: list[Any] | None = None,
     ) -> None:
@@ -212,6 +212,7 @@ class NodeServer(flight.FlightServerBase):
             m["time"] = time.time()
             return json_result(m)
         if name is Action.SHUTDOWN:
-            threading.Thread(target=self._on_shutdown, daemon=True).start()
+            now = bool(body.get("now", False))
+            threading.Thread(target=self._on_shutdown, args=(now,), daemon=True).start()
             return json_result({"ok": True})
         raise flight.FlightServerError(f"node {self.node_id}: unhandled action {name.value!r}")

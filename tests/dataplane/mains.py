@@ -279,3 +279,11 @@ def wrong_label_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Names a label column the pushed DataFrame does not have (a SchemaError on the node)."""
     for _ in ctx.dataset(batch_size=4, label="nope"):
         pass
+
+
+def busy_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Busy for ever without reading data or checking ctx.should_stop (a long fit, as far as
+    the node can tell)."""
+    _write(os.path.join(args["dir"], f"busy{ctx.node_id}.json"), {"pid": os.getpid()})
+    while True:
+        time.sleep(0.1)

@@ -337,6 +337,47 @@ def test_ctrl_c_on_the_driver_during_train_ends_everything_within_seconds(tmp_pa
     assert node_processes(info["id"]) == []
 
 
+_INTERRUPTED_BUSY_DRIVER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pyspark.sql import SparkSession
+    import dataplane
+    from tests.dataplane.mains import busy_main
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    with dataplane.run(spark, busy_main, {"dir": sys.argv[1]}, num_nodes=2, stop_grace=120) as c:
+        print(json.dumps({"pids": [n.pid for n in c.nodes], "id": c.cluster_id}), flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_ctrl_c_ends_busy_mains_at_once_whatever_their_stop_grace(tmp_path):
+    """Ctrl-C while the mains train without checking ctx.should_stop (a Keras fit): the nodes
+    gave them stop_grace (TFEstimator: 120 s) and the driver killed them after its own wait."""
+    script = tmp_path / "driver.py"
+    script.write_text(_INTERRUPTED_BUSY_DRIVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+    )
+    try:
+        info = json.loads(proc.stdout.readline())
+        for n in range(2):
+            wait_json(tmp_path / f"busy{n}.json", 120)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    assert took < 15, (took, err[-3000:])
+    assert "did not confirm their exit" not in err, err[-3000:]
+    wait_gone(info["pids"], 15)
+    assert node_processes(info["id"]) == []
+
+
 def test_inference_output_computed_after_shutdown_says_it_is_lazy(spark):
     # the usual slip: inference() inside the with block, the write after it
     df = spark.range(0, 40, 1, 2).selectExpr("id", "cast(id as double) as x")
