@@ -212,7 +212,8 @@ class Cluster:
         ``stop_grace`` seconds is ended with its process; a parameter server's (its
         ``server.join()`` never returns) after one second.
 
-        ``drain=False`` skips the first step: the nodes are told to stop at once. Leaving a
+        ``drain=False`` skips the first step: the nodes are told to stop at once, and a main
+        still running gets one second instead of ``stop_grace``. Leaving a
         ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since
         the program is ending anyway.
 
