@@ -28,6 +28,7 @@ from formats.fs import resolve
 from feeders.generator import generator_dataset
 from feeders.elements import validate_reader_args
 from feeders.parquet import plan_parquet
+from feeders.parquet.plan import check_nulls
 from feeders.shard import normalize_shard
 from formats.schema import ColumnSpec, column_specs, tf_spec
 
@@ -78,6 +79,14 @@ def petastorm_unsupported(schema: pa.Schema, specs: Sequence[ColumnSpec]) -> dic
     return out
 
 
+def _has_nulls(v: np.ndarray, spec: ColumnSpec) -> bool:
+    """Nulls in a column Petastorm returned: None in an object array, or NaN in a float array
+    standing for a column that is not float (a float column's own NaN is a value)."""
+    if v.dtype == object:
+        return any(x is None for x in v.ravel())
+    return v.dtype.kind == "f" and not spec.dtype.startswith("float") and bool(np.isnan(v).any())
+
+
 class _PetastormBatches:
     """Opens a Petastorm batch reader per iteration; yields dicts of numpy arrays (picklable)."""
 
@@ -100,6 +109,14 @@ class _PetastormBatches:
         out = {}
         for s in self.specs:
             v = np.asarray(cols[s.name])
+            if _has_nulls(v, s):
+                raise SchemaError(
+                    f"petastorm_dataset({self.url}): column {s.name!r} has null value(s), which "
+                    f"Petastorm hands over as NaN or None (an int column would read as "
+                    f"{np.iinfo(np.int64).min}, a string one as 'None'). Filter or fill the "
+                    f"nulls when writing, or read with feeders.parquet_dataset(fill_values="
+                    f"{{{s.name!r}: 0}})."
+                )
             if s.dtype == "string":
                 out[s.name] = v.astype(object) if v.dtype.kind == "U" else v
             else:
@@ -144,6 +161,21 @@ def _reader_location(loc: Any, filesystem: Any) -> tuple[str, Any]:
             ) from exc
         return loc.url, None
     return loc.url, None  # hdfs://: Petastorm's own HDFS resolver
+
+
+def _check_reader_kw(kw: Mapping[str, Any]) -> None:
+    """Keywords ``make_batch_reader`` does not take fail here, not at the first batch."""
+    import inspect
+
+    import petastorm
+
+    known = set(inspect.signature(petastorm.make_batch_reader).parameters)
+    unknown = sorted(set(kw) - known)
+    if unknown:
+        raise TypeError(
+            f"petastorm_dataset: petastorm.make_batch_reader takes no argument(s) {unknown}; "
+            f"see help(petastorm.make_batch_reader)."
+        )
 
 
 def petastorm_dataset(
@@ -195,6 +227,15 @@ def petastorm_dataset(
             + ". Leave these out (columns=...) or read with feeders.parquet_dataset, which "
             "carries every type."
         )
+    try:
+        check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
+    except SchemaError as exc:  # this reader takes no fill_values: say which one does
+        raise SchemaError(
+            f"petastorm_dataset: {str(exc).split('. Pass fill_values=')[0]}. This reader cannot fill "
+            f"them: filter or impute the nulls when writing, or read with "
+            f"feeders.parquet_dataset(fill_values=...)."
+        ) from None
+    _check_reader_kw(kw)
     loc = resolve(url, filesystem=filesystem)
     reader_url, fs = _reader_location(loc, filesystem)
     stream = _PetastormBatches(reader_url, specs, shard_t, fs, dict(kw))

@@ -23,6 +23,7 @@ import pyarrow as pa
 from formats.errors import SchemaError, StackError, StorageError
 from feeders.elements import validate_reader_args
 from feeders.parquet import plan_parquet
+from feeders.parquet.plan import check_nulls
 from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 
@@ -114,6 +115,16 @@ def tfio_parquet_dataset(
             + ". Leave these out (columns=...) or read with feeders.parquet_dataset, which "
             "carries every type."
         )
+    # tensorflow-io skips a null and slides the column's later values up (rows no longer
+    # match), or aborts the process on Spark-written files: refused from the footers
+    try:
+        check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
+    except SchemaError as exc:  # this reader takes no fill_values: say which one does
+        raise SchemaError(
+            f"tfio_parquet_dataset: {str(exc).split('. Pass fill_values=')[0]}. This reader cannot fill "
+            f"them: filter or impute the nulls when writing, or read with "
+            f"feeders.parquet_dataset(fill_values=...)."
+        ) from None
     if plan.location.scheme != "file":
         raise StorageError(
             f"tfio_parquet_dataset({plan.location.url}): only local files are supported. "
