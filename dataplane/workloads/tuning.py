@@ -133,6 +133,12 @@ def _run_trial(payload: tuple[int, dict, Callable, TrialData, str]) -> dict[str,
                 f"train_fn returned no {metric!r} metric (got {sorted(clean)}); "
                 f"return it or pass tune(..., metric=<one of those>)."
             )
+        ranked = clean[metric]
+        if isinstance(ranked, bool) or not isinstance(ranked, (int, float)):
+            raise TypeError(
+                f"train_fn returned {metric!r} = {ranked!r} ({type(ranked).__name__}); the metric "
+                f"that ranks the trials must be a number (a float, a numpy or tensor scalar)."
+            )
         bad = [k for k in clean if k in RESERVED_COLUMNS or k in params]
         if bad:
             raise ValueError(
@@ -153,7 +159,11 @@ def _run_trial(payload: tuple[int, dict, Callable, TrialData, str]) -> dict[str,
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars and 0-d arrays -> Python scalars, so the result DataFrame gets plain types."""
+    """numpy scalars, 0-d arrays and scalar tensors (``tf.reduce_mean(...)``, a Keras metric's
+    ``result()``) -> Python scalars, so the result DataFrame gets plain types."""
+    to_numpy = getattr(value, "numpy", None)
+    if callable(to_numpy) and getattr(value, "shape", None) is not None and len(value.shape) == 0:
+        value = to_numpy()
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 1) == 0:
         return item()
@@ -166,7 +176,23 @@ def _spark_failure_text(exc: BaseException) -> str:
         ln.strip() for ln in str(exc).splitlines()
         if ln.strip() and not ln.lstrip().startswith(("at ", "... "))
     ]
-    return "\n".join(lines[:TRACEBACK_LINES]) or type(exc).__name__
+    if len(lines) > TRACEBACK_LINES:  # the first line says what failed, the tail why
+        lines = lines[:1] + ["..."] + lines[-(TRACEBACK_LINES - 2):]
+    return "\n".join(lines) or type(exc).__name__
+
+
+def _check_picklable(train_fn: Callable[..., Any]) -> None:
+    """A train_fn the executors cannot receive fails here, once, not as every trial's error."""
+    from pyspark import cloudpickle
+
+    try:
+        cloudpickle.dumps(train_fn)
+    except Exception as exc:  # noqa: BLE001 - pickling raises TypeError, PicklingError, ...
+        raise TypeError(
+            f"tune: train_fn cannot be pickled for the executors ({type(exc).__name__}: {exc}); "
+            f"it or something it refers to (a lock, a SparkSession, an open file) must stay on "
+            f"the driver. Create such things inside train_fn."
+        ) from exc
 
 
 def _spark_context(spark: Any) -> Any:
@@ -232,6 +258,8 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
         return TrialData(key="none")
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
+        if path.startswith("file://"):
+            path = path[len("file://"):]
         if "://" not in path and not os.path.exists(path):
             from dataplane.errors import StorageError
 
@@ -243,7 +271,8 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
         if "://" not in path:
             path = os.path.abspath(path)
             _check_parquet_data(path)
-        return TrialData(key=f"path:{path}", path=path)
+        # the files as they are now: an executor reads them again once they were rewritten
+        return TrialData(key=f"path:{path}:{_files_stamp(path)}", path=path)
     if hasattr(data, "sparkSession") and hasattr(data, "schema") and hasattr(data, "select"):
         # A Spark DataFrame: collect it once on the driver as Arrow, then broadcast the table
         # (Spark ML vector columns as float64 lists, as every other path hands them over).
@@ -253,11 +282,39 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
 
         _no_columns_check(list(data.columns), "the data DataFrame")
         data = dense_vectors(data)
-        table = data.toArrow() if hasattr(data, "toArrow") else pa.Table.from_pandas(
-            data.toPandas(), preserve_index=False
-        )
+        if hasattr(data, "toArrow"):
+            table = data.toArrow()
+        else:  # pyspark 3.5: Arrow batches straight from the JVM, not through pandas (which
+            # turned a nullable int column into float64 and dropped timestamps' time zone)
+            from formats.export import spark_arrow_schema
+
+            batches = data._collect_as_arrow()
+            table = (pa.Table.from_batches(batches) if batches
+                     else spark_arrow_schema(data.schema).empty_table())
         data = table
     return TrialData(key=f"broadcast:{uuid.uuid4().hex}", broadcast=sc.broadcast(data))
+
+
+def _files_stamp(path: str) -> str:
+    """Sizes and modification times of the files at ``path`` (any URL ``formats.fs`` reads),
+    as a short digest; a fresh one when they cannot be listed (the executors will say why)."""
+    import hashlib
+
+    from pyarrow import fs as pafs
+
+    from formats.fs import resolve
+
+    try:
+        loc = resolve(path)
+        info = loc.filesystem.get_file_info(loc.path)
+        if info.type == pafs.FileType.Directory:
+            infos = loc.filesystem.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+        else:
+            infos = [info]
+        parts = sorted(f"{i.path}:{i.size}:{i.mtime_ns}" for i in infos if i.type == pafs.FileType.File)
+    except Exception:  # noqa: BLE001 - not listable from the driver: never reuse a cached copy
+        return uuid.uuid4().hex
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def _no_columns_check(columns: list[str], what: str) -> None:
@@ -383,6 +440,7 @@ def tune(
     ):
         raise ValueError(f"tune: parallelism must be an int >= 1 or None, got {parallelism!r}.")
     sc = _spark_context(spark)
+    _check_picklable(train_fn)
     points = _build_trials(space, num_trials, seed)
     param_names: list[str] = []
     for point in points:

@@ -162,3 +162,54 @@ def test_bad_arguments_fail_up_front(spark, kwargs, exc, text):
     with pytest.raises(exc, match=None) as info:
         tune(spark, quadratic, **kwargs)
     assert text in str(info.value)
+
+
+def tensor_loss(params, data):  # type: ignore[no-untyped-def]
+    import tensorflow as tf
+
+    return {"loss": tf.reduce_mean(tf.constant([params["k"], params["k"] + 2.0]))}
+
+
+def test_a_tensor_metric_ranks_and_a_non_number_is_a_trial_error(spark):
+    # a tf.Tensor loss was kept as its repr, ranked after every number with status 'ok', and
+    # turned the whole loss column into strings
+    out = tune(spark, tensor_loss, {"k": [3.0, 1.0, 2.0]})
+    assert dict(out.dtypes)["loss"] == "double"
+    assert [(r["k"], r["loss"], r["status"]) for r in out.collect()] == [
+        (1.0, 2.0, "ok"), (2.0, 3.0, "ok"), (3.0, 4.0, "ok")]
+    out = tune(spark, lambda p, d: {"loss": "n/a" if p["k"] == 2 else float(p["k"])}, {"k": [1, 2, 3]})
+    rows = [r.asDict() for r in out.collect()]
+    assert [(r["k"], r["status"]) for r in rows] == [(1, "ok"), (3, "ok"), (2, "error")]
+    assert rows[2]["error"].startswith("TypeError: train_fn returned 'loss' = 'n/a' (str); the metric "
+                                       "that ranks the trials must be a number")
+    assert dict(out.dtypes)["loss"] == "double"
+
+
+def test_a_rewritten_data_file_is_read_again(spark, tmp_path):
+    # executors kept serving the first version of a path for the rest of the session
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"x": list(range(10))}), path)
+    count = lambda p, d: {"loss": float(d.num_rows), "cols": ",".join(d.column_names)}  # noqa: E731
+    assert [r["loss"] for r in tune(spark, count, {"k": [1]}, data=str(path)).collect()] == [10.0]
+    pq.write_table(pa.table({"x": list(range(20)), "y": [1.0] * 20}), path)
+    rows = tune(spark, count, {"k": [1]}, data=f"file://{path}").collect()
+    assert [(r["loss"], r["cols"]) for r in rows] == [(20.0, "x,y")]
+    with pytest.raises(StorageError, match="does not exist"):
+        tune(spark, count, {"k": [1]}, data=f"file://{tmp_path}/nope.parquet")
+
+
+def test_spark_dataframe_data_keeps_its_types(spark):
+    # pyspark 3.5 went through pandas: a nullable int arrived as float64
+    df = spark.sql("SELECT * FROM VALUES (1, 'a'), (NULL, 'b') AS t(i, s)")
+    out = tune(spark, lambda p, d: {"loss": 0.0, "types": str(d.schema.field("i").type),
+                                    "values": str(d.column("i").to_pylist())}, {"k": [1]}, data=df)
+    row = out.collect()[0]
+    assert (row["types"], row["values"]) == ("int32", "[1, None]")
+
+
+def test_an_unpicklable_train_fn_fails_tune_itself(spark):
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"^tune: train_fn cannot be pickled for the executors \(.*lock"):
+        tune(spark, lambda p, d: {"loss": 1.0 if lock else 0.0}, {"k": [1]})
