@@ -561,7 +561,7 @@ class FeedBuffer:
                 ep.accepted[partition] = end
                 accepted += batch.num_rows
                 if ep.cache is not None:
-                    ep.cache.add(batch)
+                    ep.cache.add(batch, (partition, end - batch.num_rows))
                 if ep.closed:  # recording only: the consumer has left this epoch
                     ep.rows_in += batch.num_rows
                     continue

@@ -39,6 +39,7 @@ class EpochCache:
         self._lock = threading.Lock()
         self._memory: list[pa.RecordBatch] = []
         self._where: list[tuple[int, int]] = []  # per stored batch: (file index or -1, index)
+        self._keys: list[tuple[int, int]] = []  # per stored batch: (partition, first row)
         self._files: list[str] = []
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self._writer_bytes = 0
@@ -50,14 +51,18 @@ class EpochCache:
         self.spilled_bytes = 0
         self.sealed = False
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        """Store one accepted batch (called as rows arrive, before the epoch is sealed)."""
+    def add(self, batch: pa.RecordBatch, key: tuple[int, int] = (0, 0)) -> None:
+        """Store one accepted batch (called as rows arrive, before the epoch is sealed);
+        ``key``: (partition, its first row's offset in the partition), which orders a shuffled
+        replay's batches before they are permuted, so that the seed alone decides the order
+        (not the order in which Spark's tasks happened to deliver them)."""
         if batch.num_rows == 0:
             return
         nbytes = batch.nbytes
         with self._lock:
             if self.sealed:
                 raise RuntimeError(f"cache {self.cache_id} is sealed")
+            self._keys.append(key)
             if self.memory_used + nbytes <= self.memory_bytes:
                 self._where.append((-1, len(self._memory)))
                 self._memory.append(batch)
@@ -94,10 +99,13 @@ class EpochCache:
             self.sealed = True
 
     def batches(self, *, shuffle: bool = False, seed: int | None = None) -> Iterator[pa.RecordBatch]:
-        """The stored batches, in arrival order or a seeded random order of batches."""
-        order = np.arange(len(self._where))
+        """The stored batches, in arrival order or a seeded random order of batches (the
+        same for the same seed and rows, whatever order they arrived in)."""
         if shuffle:
+            order = np.array(sorted(range(len(self._where)), key=self._keys.__getitem__), dtype=np.int64)
             np.random.default_rng(seed).shuffle(order)
+        else:
+            order = np.arange(len(self._where))
         for i in order:
             f, k = self._where[int(i)]
             if f < 0:

@@ -124,7 +124,11 @@ class Cluster:
                 of about one feed buffer (``run(buffer_bytes=...)``) as they stream. So rows
                 move across the whole epoch in batch-sized groups and freely within a window;
                 ``dataplane bench train`` reports how far rows move between epochs.
-            seed: the shuffle's seed (the same seed gives the same orders).
+            seed: the shuffle's seed. The same seed gives the same orders for cached
+                replays, and for a pushed epoch whose rows arrive in the same order (one
+                partition per worker); Spark's tasks deliver several partitions in whatever
+                order they run, which a pushed epoch's order follows within its windows.
+                Epochs differ from each other (the epoch id is part of the seed).
             validation: a second DataFrame, pushed alongside (after each training epoch, one
                 pass) and read with ``ctx.dataset(split="validation")``, so
                 ``fit(train_ds, validation_data=val_ds)`` works, under MWMS too (every worker

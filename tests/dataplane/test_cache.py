@@ -152,3 +152,21 @@ def test_a_node_killed_during_a_cached_replay_fails_train_quickly(spark, tmp_pat
     while os.path.exists(workdirs[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(workdirs[0]), os.listdir(workdirs[0])
+
+
+def test_the_same_seed_replays_the_same_orders_whatever_order_partitions_arrived_in(spark, tmp_path):
+    # a replay permuted the batches in the order Spark's tasks delivered them, so two runs with
+    # the same seed over a DataFrame of several partitions gave different orders
+    df = _frame(spark, 0, 1200, 6)
+    orders = []
+    for run in range(2):
+        out = tmp_path / f"run{run}"
+        out.mkdir()
+        scenarios = [{"epochs": 3, "batch_size": 32, "validation": False}]
+        with dataplane.run(spark, cache_main, {"dir": str(out), "scenarios": scenarios}, num_nodes=1) as cluster:
+            cluster.train(df, 3, cache=True, shuffle=True, seed=11)
+            orders.append(wait_json(out / "node0-s0.json")["train"])
+    for e in range(3):
+        assert sorted(orders[0][e]) == sorted(orders[1][e]) == list(range(1200)), e
+    assert orders[0][1:] == orders[1][1:]  # the replayed epochs: the seed decides
+    assert orders[0][1] != orders[0][2]  # and each epoch has its own order
