@@ -178,6 +178,25 @@ _ITEM_BYTES = 8 << 20
 _MAX_BATCHES_PER_ITEM = 64
 
 
+def _cut_item(batch_size: int) -> Callable[[Any], Any]:
+    """``item`` (a dict of dense tensors holding whole batches, or an epoch's short tail) as a
+    dataset of its batches of ``batch_size`` rows."""
+    import tensorflow as tf
+
+    def cut(item: Any) -> Any:
+        n = tf.shape(tf.nest.flatten(item)[0], out_type=tf.int64)[0]
+        count = (n + batch_size - 1) // batch_size
+
+        def rows(i: Any) -> Any:
+            lo = i * batch_size
+            hi = tf.minimum(lo + batch_size, n)
+            return tf.nest.map_structure(lambda t: t[lo:hi], item)
+
+        return tf.data.Dataset.range(count).map(rows)
+
+    return cut
+
+
 def _batches_per_item(specs: Sequence[ColumnSpec], signature: Mapping[str, Any], batch_size: int) -> int:
     """Whole batches per generator item: 1 for ragged columns (rebatch is slow on them) or
     when one batch already holds about ``_ITEM_BYTES`` (wide rows: the per-call cost is small
@@ -338,7 +357,12 @@ def push_dataset(
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = generator_dataset(generator, signature)
-    if per_item > 1:
+    if per_item > 1 and repeat:
+        # one stream over many epochs: rebatch would join an epoch's short last batch to the
+        # next epoch's first rows; cut each item on its own instead (an item never spans two
+        # epochs, and only an epoch's last item is short)
+        ds = ds.flat_map(_cut_item(int(batch_size)))
+    elif per_item > 1:
         ds = ds.rebatch(int(batch_size))
     if decode:
         ds = decode_columns(ds, decode, info.schema, batch_size=int(batch_size))

@@ -180,3 +180,12 @@ def catalogue_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         for b in ds:
             if args.get("die_on") is not None and args["die_on"] in b["id"].numpy():
                 raise ValueError(f"row {args['die_on']} is poison")
+
+
+def repeat_batches_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read ``args['batches']`` batches of one repeat=True stream through one iterator; record
+    each batch's ids."""
+    it = iter(ctx.dataset(args["batch_size"], features="id", repeat=True))
+    seen = [[int(i) for i in next(it).numpy()] for _ in range(args["batches"])]
+    _write(os.path.join(args["dir"], f"batches{ctx.node_id}.json"), seen)
+    ctx.end_feed()

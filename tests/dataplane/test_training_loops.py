@@ -172,3 +172,17 @@ def test_two_mwms_workers_small_buffer(spark, tmp_path):
 
 def test_two_mwms_workers_default_buffer_image_rows(spark, tmp_path):
     _run_matrix(spark, tmp_path, num_nodes=2, buffer_bytes=64 << 20, kinds=("image",))
+
+
+def test_a_repeat_stream_batches_each_epoch_on_its_own(spark, tmp_path):
+    # narrow rows go through the generator several batches an item; rebatch then joined an
+    # epoch's short last batch with the next epoch's first rows (ids 448..499 + 0..11)
+    from tests.dataplane.loop_mains import repeat_batches_main
+
+    args = {"dir": str(tmp_path), "batch_size": 64, "batches": 32}
+    with dataplane.run(spark, repeat_batches_main, args, num_nodes=1) as cluster:
+        cluster.train(spark.range(0, 500, 1, 3), 4, cache=True)
+    batches = wait_json(tmp_path / "batches0.json")
+    assert [len(b) for b in batches] == ([64] * 7 + [52]) * 4
+    for e in range(4):
+        assert sorted(i for b in batches[8 * e: 8 * e + 8] for i in b) == list(range(500)), e
