@@ -154,6 +154,14 @@ _KNOWN_FIXES = (
     # a list column yielded as a tf.RaggedTensor into a Dense layer: Keras 3, tf_keras
     (("may not be ragged in their innermost dimension", "RaggedMatMul"), _RAGGED_INPUT),
     (("only supports RaggedTensors when the innermost dimension is non-ragged",), _RAGGED_INPUT),
+    # ctx.dataset(decode=...) on an image whose bytes break off after a valid signature
+    (("jpeg::Uncompress failed",),
+     "A value of a ctx.dataset(decode={...: 'jpeg'}) column is a damaged JPEG (it starts like "
+     "one but does not decode): find it on the DataFrame, e.g. with a UDF calling "
+     "tf.io.decode_jpeg, or drop the rows whose image is shorter than it should be."),
+    (("DecodePng",), "A value of a ctx.dataset(decode={...: 'png'}) column is a damaged PNG (it "
+     "starts like one but does not decode): find it on the DataFrame, e.g. with a UDF calling "
+     "tf.io.decode_png."),
 )
 
 

@@ -386,14 +386,22 @@ def push_dataset(
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _flat_and_shape(img: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.reshape(img, [-1]), tf.shape(img)
+
+
 def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, batch_size: int) -> Any:
     """Decode binary columns of a batched dict dataset on the node, inside tf.data.
 
     ``decode`` maps a column to ``"jpeg"``, ``"png"`` or ``("raw", dtype, shape)``: JPEG / PNG
     images become ``uint8 [batch, h, w, c]`` (every image of a batch the same size), raw bytes
     ``dtype [batch, *shape]``. Batches are decoded in parallel. A value that is not an image of
-    the named kind, or raw bytes of the wrong length, fails the pass with an
-    ``InvalidArgumentError`` naming the column and the row (counted from the pass's start).
+    the named kind (by its signature), an image whose size or channels differ from its batch's
+    first, or raw bytes of the wrong length fail the pass with an ``InvalidArgumentError``
+    naming the column and the row (counted from the pass's start). An image damaged past its
+    signature fails with TensorFlow's own decoder error, which names neither.
     """
     import os
 
@@ -448,7 +456,24 @@ def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, bat
                 ok = tf.equal(tf.strings.substr(col, 0, 8), _PNG_MAGIC)
                 decoder = lambda s: tf.io.decode_png(s, channels=0)  # noqa: E731
             with tf.control_dependencies([check(ok, name, f"a value is not a {kind.upper()} image", first)]):
-                out[name] = tf.map_fn(decoder, col, fn_output_signature=tf.uint8)
+                flat, shapes = tf.map_fn(
+                    lambda s, decoder=decoder: _flat_and_shape(decoder(s)), col,
+                    fn_output_signature=(tf.RaggedTensorSpec([None], tf.uint8, ragged_rank=0),
+                                         tf.TensorSpec([3], tf.int32)),
+                )
+            ref = tf.concat([shapes, tf.zeros([1, 3], tf.int32)], 0)[0]  # the batch's first
+            same = tf.reduce_all(tf.equal(shapes, ref), axis=1)
+            bad = tf.cast(tf.argmin(tf.cast(same, tf.int32)), tf.int64)
+            differs = tf.debugging.Assert(
+                tf.reduce_all(same),
+                [f"ctx.dataset(decode=...): column {name}: the images of a batch must share a "
+                 f"size (resize them on the DataFrame first); the image at row (of this pass)",
+                 first + bad, "is (height, width, channels)", tf.gather(shapes, bad),
+                 "but the first of its batch is", ref],
+                summarize=3,
+            )
+            with tf.control_dependencies([differs]):
+                out[name] = tf.reshape(flat.flat_values, tf.concat([[-1], ref], 0))
         return out
 
     return ds.enumerate().map(fn, num_parallel_calls=max(2, os.cpu_count() or 2), deterministic=True)

@@ -177,8 +177,10 @@ class NodeContext:
             decode: binary columns to decode on the node, inside tf.data and in parallel:
                 ``{"image": "jpeg"}``, ``"png"`` (uint8 ``[batch, h, w, c]``; the images of a
                 batch must share a size) or ``("raw", dtype, shape)`` (e.g.
-                ``("raw", "float32", (28, 28))``). A value that does not decode fails the pass
-                with an error naming the column and the row.
+                ``("raw", "float32", (28, 28))``). A value that is not such an image, an image
+                whose size differs from its batch's first, or raw bytes of the wrong length
+                fail the pass with an error naming the column and the row (an image damaged
+                past its header: TensorFlow's decoder error).
 
         Raises:
             ValueError: ``batch_size`` not positive, ``label`` also in ``features``, or

@@ -70,6 +70,41 @@ def test_a_corrupt_image_names_the_column_and_the_row():
     assert "column image: a value is not a JPEG image, at row (of this pass):] [6]" in text
 
 
+@pytest.mark.parametrize("kind", ["jpeg", "png"])
+def test_an_image_of_another_size_or_channels_than_its_batch_is_named(kind):
+    # TensorFlow's "Incompatible shapes during merge: [10,6,3] vs. [9,6,3]" named neither
+    import tensorflow as tf
+
+    _, blobs = _images(10, kind)
+    enc = tf.io.encode_jpeg if kind == "jpeg" else tf.io.encode_png
+    blobs[5] = enc(np.zeros((9, 6, 3), np.uint8)).numpy()  # batch 1 (rows 4-7), its second
+    blobs[9] = enc(np.zeros((8, 6, 1), np.uint8)).numpy()  # gray in a batch of color
+    for rows, (at, shape) in ((slice(0, 8), (5, "9 6 3")), (slice(8, 10), (9, "8 6 1"))):
+        ds = _dataset({"image": pa.array(blobs[rows], pa.binary())}, {"image": kind})
+        with pytest.raises(tf.errors.InvalidArgumentError) as info:
+            for _ in ds:
+                pass
+        text = " ".join(str(info.value).split())
+        at = at - rows.start
+        assert (f"column image: the images of a batch must share a size (resize them on the "
+                f"DataFrame first); the image at row (of this pass)] [{at}] "
+                f"[is (height, width, channels)] [{shape}] [but the first of its batch is] [8 6 3]") in text, text
+
+
+def test_a_damaged_jpeg_gets_a_hint_where_tensorflow_names_no_row():
+    import tensorflow as tf
+
+    from dataplane.errors import known_fix
+
+    _, blobs = _images(4, "jpeg")
+    blobs[2] = blobs[2][:40]  # the signature is there, the rest is not
+    ds = _dataset({"image": pa.array(blobs, pa.binary())}, {"image": "jpeg"})
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        for _ in ds:
+            pass
+    assert "is a damaged JPEG" in known_fix(str(info.value))
+
+
 def test_raw_bytes_of_the_wrong_length_are_named():
     import tensorflow as tf
 
