@@ -633,11 +633,13 @@ class Feeder:
                         "or leave validation= out of train()."
                     )
                 elif all(states[nid].emitted == 0 for nid in returned):
+                    cached = ep.record is not None or ep.replay is not None
                     msg += (
                         " Their main read fewer passes than train(num_epochs=...) pushed: "
                         "fit(epochs=) below num_epochs, or a Dataset.cache() over ctx.dataset "
-                        "(TensorFlow then reads the feed once). To push once and train many "
-                        "epochs, use train(..., cache=True)."
+                        "(TensorFlow then reads the feed once)."
+                        + ("" if cached else " To push once and train many epochs, use "
+                           "train(..., cache=True).")
                     )
                 report.messages.append(msg)
                 logger.warning(msg)

@@ -287,3 +287,9 @@ def busy_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     _write(os.path.join(args["dir"], f"busy{ctx.node_id}.json"), {"pid": os.getpid()})
     while True:
         time.sleep(0.1)
+
+
+def one_pass_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Reads one pass of the pushed data, then returns (fit(epochs=1) under a longer train)."""
+    for _ in ctx.dataset(batch_size=16):
+        pass

@@ -126,3 +126,15 @@ def test_a_fill_value_fills_null_arrays_as_well_as_null_elements(spark, tmp_path
         assert r["v"] == ([-1.0, -1.0] if i % 5 == 0 else [float(i), i + 0.5]), (i, r)
         want = [] if i % 7 == 0 else ([i, 0] if i % 3 == 0 else [i])
         assert r["jag"] == want, (i, r)
+
+
+def test_the_fewer_passes_note_offers_the_cache_only_when_it_was_not_used(spark):
+    # with cache=True already passed the note still said "use train(..., cache=True)"
+    from tests.dataplane.mains import one_pass_main
+
+    for cache in (False, True):
+        with dataplane.run(spark, one_pass_main, {}, num_nodes=1) as cluster:
+            report = cluster.train(spark.range(64), 3, cache=cache)
+        notes = [m for m in report.messages if "read fewer passes than train(num_epochs=...)" in m]
+        assert notes, report.messages
+        assert all(("use train(..., cache=True)" in m) is (not cache) for m in notes), notes
