@@ -44,7 +44,7 @@ import pyarrow as pa
 from feeders.cache import EpochCache
 from feeders.epoch import ConsumerFinished, EpochClosed, EpochInfo, FeedStopped, NodeEpoch, ParkedRows
 from formats.errors import FeedError, SchemaError
-from formats.schema import list_levels, same_columns, schema_text
+from formats.schema import fill_example, list_levels, same_columns, schema_text
 
 __all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
 
@@ -265,7 +265,7 @@ class FeedBuffer:
                     raise SchemaError(
                         f"column {name!r} has {nulls} null value(s) in a batch of partition "
                         f"{partition} (epoch {ep.info.epoch}); a tensor cannot hold a null. "
-                        f"Give a fill value on the node (ctx.dataset(fill_values={{{name!r}: 0}})) "
+                        f"Give a fill value on the node (ctx.dataset(fill_values={{{name!r}: {fill_example(col.type)}}})) "
                         f"or clean the DataFrame first (df.na.fill(...) or "
                         f"df.na.drop(subset=[{name!r}]))."
                     )
@@ -275,7 +275,7 @@ class FeedBuffer:
                         f"column {name!r} has {inner} null element(s) inside its arrays in a "
                         f"batch of partition {partition} (epoch {ep.info.epoch}); a tensor cannot "
                         f"hold a null. Give a fill value on the node "
-                        f"(ctx.dataset(fill_values={{{name!r}: 0}})) or clean the DataFrame first: "
+                        f"(ctx.dataset(fill_values={{{name!r}: {fill_example(col.type)}}})) or clean the DataFrame first: "
                         f"df.where(~F.exists({name!r}, lambda v: v.isNull())) drops such rows."
                     )
 

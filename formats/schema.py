@@ -59,6 +59,7 @@ __all__ = [
     "check_fill_value",
     "mapping_arg",
     "names_arg",
+    "fill_example",
     "flatten_struct_fields",
     "tf_spec",
     "to_numpy",
@@ -242,6 +243,22 @@ def mapping_arg(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def fill_example(t: pa.DataType) -> str:
+    """A fill value to show in an error's fix, of the column's (leaf) type: ``0``, ``''``,
+    ``b''`` or ``False``."""
+    while is_list_type(t):
+        t = t.value_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "''"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "b''"
+    if pa.types.is_boolean(t):
+        return "False"
+    return "0"
+
+
 def names_arg(name: str, value: Any) -> list[str]:
     """``value`` (one column name, or a sequence of distinct names) as a list of names.
 
@@ -423,7 +440,8 @@ def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec, *, elements: bool =
             raise SchemaError(
                 f"column {name!r} has {arr.null_count} {where}; "
                 f"TensorFlow tensors cannot hold nulls. Give a fill value "
-                f"(fill_values={{{name!r}: 0}}) or filter/impute the nulls before feeding."
+                f"(fill_values={{{name!r}: {fill_example(arr.type)}}}) or filter/impute the nulls "
+                f"before feeding."
             )
         arr = arr.fill_null(pa.scalar(spec.fill, type=arr.type))
     t = arr.type
@@ -564,7 +582,7 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
             if spec.fill is None:
                 raise SchemaError(
                     f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold "
-                    f"a null list. Give a fill value (fill_values={{{name!r}: 0}}: a null list "
+                    f"a null list. Give a fill value (fill_values={{{name!r}: {fill_example(cur.type)}}}: a null list "
                     f"becomes an empty one, or one of the declared shape holding the value) or "
                     f"replace nulls with empty lists (coalesce(col, array())) first."
                 )

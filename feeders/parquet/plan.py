@@ -22,7 +22,7 @@ from feeders.shard import normalize_shard, take_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, listing_root, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
-from formats.schema import ColumnSpec
+from formats.schema import ColumnSpec, fill_example
 
 __all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "check_file", "chunk_rows_for"]
 
@@ -174,6 +174,7 @@ def check_nulls(
                 f"tensors cannot hold nulls. Pass fill_values={{{name!r}: ...}} or leave the "
                 f"column out (columns=...)."
             )
+    types = {s.name: s.arrow_type if s.arrow_type is not None else pa.null() for s in specs}
     for path, meta in zip(files, metas):
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
@@ -187,7 +188,8 @@ def check_nulls(
                     raise SchemaError(
                         f"column {name!r} has {stats.null_count} null value(s) in row group {g} "
                         f"of {loc.display(path)}; TensorFlow tensors cannot hold nulls. Pass "
-                        f"fill_values={{{name!r}: 0}} or filter/impute the nulls when writing."
+                        f"fill_values={{{name!r}: {fill_example(types[name])}}} or filter/impute the "
+                        f"nulls when writing."
                     )
 
 

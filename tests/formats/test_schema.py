@@ -118,3 +118,16 @@ def test_list_levels_count_nulls_inside_arrays_never_null_rows():
     assert is_list_type(fixed.type) and leaf_values(fixed).to_pylist() == [1, 2, 3, 4]
     assert list_levels(pa.array([1, None])) == [] and not is_list_type(pa.int64())
     assert leaf_values(pa.array([1, None])).null_count == 1
+
+
+def test_the_fill_value_a_null_error_suggests_has_the_column_type():
+    # a null in a binary image column was told fill_values={'img': 0}
+    from formats.errors import SchemaError as Err
+    from formats.schema import fill_example
+
+    assert [fill_example(t) for t in (pa.binary(), pa.large_string(), pa.bool_(), pa.float32(),
+                                      pa.list_(pa.string()), pa.dictionary(pa.int8(), pa.string()))] == [
+        "b''", "''", "False", "0", "''", "''"]
+    t = pa.table({"img": pa.array([b"\x01", None], pa.binary())})
+    with pytest.raises(Err, match=r"fill_values=\{'img': b''\}"):
+        to_numpy(t, column_specs(t.schema))
