@@ -99,13 +99,18 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     lists = {f.name: list_depth(f.type) for f in schema if list_depth(f.type)}
     if not lists:
         return ShapeScan({}, None)
+    def size(c: Any) -> Any:
+        # a null array has no length (Spark 3.5's size() says -1 for it, unless ANSI mode):
+        # null rows must not make a column of one length ragged
+        return F.when(c.isNotNull(), F.size(c))
+
     aggs = [F.count(F.lit(1)).alias("rows")]
     for i, (name, depth) in enumerate(lists.items()):
         col = F.col(f"`{name}`")
-        aggs += [F.min(F.size(col)).alias(f"mn{i}_0"), F.max(F.size(col)).alias(f"mx{i}_0")]
+        aggs += [F.min(size(col)).alias(f"mn{i}_0"), F.max(size(col)).alias(f"mx{i}_0")]
         inner = col  # the arrays one level down, every row's concatenated
         for level in range(1, depth):
-            sizes = F.transform(inner, lambda a: F.size(a))
+            sizes = F.transform(inner, size)
             aggs += [F.min(F.array_min(sizes)).alias(f"mn{i}_{level}"),
                      F.max(F.array_max(sizes)).alias(f"mx{i}_{level}")]
             inner = F.flatten(inner)
