@@ -227,14 +227,7 @@ def petastorm_dataset(
             + ". Leave these out (columns=...) or read with feeders.parquet_dataset, which "
             "carries every type."
         )
-    try:
-        check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
-    except SchemaError as exc:  # this reader takes no fill_values: say which one does
-        raise SchemaError(
-            f"petastorm_dataset: {str(exc).split('. Pass fill_values=')[0]}. This reader cannot fill "
-            f"them: filter or impute the nulls when writing, or read with "
-            f"feeders.parquet_dataset(fill_values=...)."
-        ) from None
+    check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive, reader="petastorm_dataset")
     _check_reader_kw(kw)
     loc = resolve(url, filesystem=filesystem)
     reader_url, fs = _reader_location(loc, filesystem)

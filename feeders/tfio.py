@@ -117,14 +117,7 @@ def tfio_parquet_dataset(
         )
     # tensorflow-io skips a null and slides the column's later values up (rows no longer
     # match), or aborts the process on Spark-written files: refused from the footers
-    try:
-        check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
-    except SchemaError as exc:  # this reader takes no fill_values: say which one does
-        raise SchemaError(
-            f"tfio_parquet_dataset: {str(exc).split('. Pass fill_values=')[0]}. This reader cannot fill "
-            f"them: filter or impute the nulls when writing, or read with "
-            f"feeders.parquet_dataset(fill_values=...)."
-        ) from None
+    check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive, reader="tfio_parquet_dataset")
     if plan.location.scheme != "file":
         raise StorageError(
             f"tfio_parquet_dataset({plan.location.url}): only local files are supported. "

@@ -158,21 +158,37 @@ def _check_no_extra_columns(loc: Location, files: list[str], metas: list[Any], s
 
 
 def check_nulls(
-    loc: Location, files: list[str], metas: list[Any], specs: Sequence[ColumnSpec], hive: HiveColumns = HiveColumns()
+    loc: Location,
+    files: list[str],
+    metas: list[Any],
+    specs: Sequence[ColumnSpec],
+    hive: HiveColumns = HiveColumns(),
+    *,
+    reader: str | None = None,
 ) -> None:
     """A null in a scalar column without a fill value is an error; find it from the footers
-    (and, for partition columns, from the directory names)."""
+    (and, for partition columns, from the directory names). ``reader`` names a reader that takes
+    no ``fill_values`` (the compat adapters): its message then points to one that does."""
     wanted = {s.name for s in specs if not s.shape and s.fill is None}
     if not wanted:
         return
+
+    def refuse(problem: str, name: str, example: str, otherwise: str) -> SchemaError:
+        if reader is None:
+            return SchemaError(f"{problem}; TensorFlow tensors cannot hold nulls. Pass "
+                               f"fill_values={{{name!r}: {example}}} or {otherwise}.")
+        return SchemaError(
+            f"{reader}: {problem}; TensorFlow tensors cannot hold nulls. This reader cannot "
+            f"fill them: filter or impute the nulls when writing, or read with "
+            f"feeders.parquet_dataset(fill_values=...)."
+        )
+
     for name in sorted(wanted & set(hive.names)):
         nulls = [path for path in files if not hive.values[path][name].is_valid]
         if nulls:
-            raise SchemaError(
-                f"partition column {name!r} is null ({HIVE_NULL}) for "
-                f"{loc.display(nulls[0])} and {len(nulls) - 1} other file(s); TensorFlow "
-                f"tensors cannot hold nulls. Pass fill_values={{{name!r}: ...}} or leave the "
-                f"column out (columns=...)."
+            raise refuse(
+                f"partition column {name!r} is null ({HIVE_NULL}) for {loc.display(nulls[0])} "
+                f"and {len(nulls) - 1} other file(s)", name, "...", "leave the column out (columns=...)"
             )
     types = {s.name: s.arrow_type if s.arrow_type is not None else pa.null() for s in specs}
     for path, meta in zip(files, metas):
@@ -185,11 +201,10 @@ def check_nulls(
                     continue
                 stats = col.statistics
                 if stats is not None and stats.has_null_count and stats.null_count:
-                    raise SchemaError(
+                    raise refuse(
                         f"column {name!r} has {stats.null_count} null value(s) in row group {g} "
-                        f"of {loc.display(path)}; TensorFlow tensors cannot hold nulls. Pass "
-                        f"fill_values={{{name!r}: {fill_example(types[name])}}} or filter/impute the "
-                        f"nulls when writing."
+                        f"of {loc.display(path)}", name, fill_example(types[name]),
+                        "filter/impute the nulls when writing"
                     )
 
 
