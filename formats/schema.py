@@ -510,9 +510,9 @@ def leaf_values(arr: pa.Array) -> pa.Array:
 
 
 def list_depth(t: pa.DataType) -> int:
-    """How many list levels ``t`` has (0 for a scalar type)."""
+    """How many list levels (any of :func:`is_list_type`'s) ``t`` has (0 for a scalar type)."""
     depth = 0
-    while pa.types.is_list(t) or pa.types.is_large_list(t):
+    while is_list_type(t):
         t, depth = t.value_type, depth + 1
     return depth
 
@@ -549,7 +549,7 @@ def _fill_null_lists(arr: pa.Array, spec: ColumnSpec, level: int) -> pa.Array:
     import pyarrow.compute as pc
 
     rest = tuple(spec.shape[level:]) if spec.shape else ()
-    depth = _list_type_depth(arr.type)
+    depth = list_depth(arr.type)
     value: Any = []
     if rest and all(d is not None for d in rest):
         if depth == 1:  # the leaf lists: a flat run of values (shape (28, 28) from 784 floats)
@@ -559,13 +559,6 @@ def _fill_null_lists(arr: pa.Array, spec: ColumnSpec, level: int) -> pa.Array:
             for d in reversed(rest):
                 value = [value] * int(d)  # type: ignore[arg-type]
     return pc.if_else(arr.is_null(), pa.scalar(value, type=arr.type), arr)
-
-
-def _list_type_depth(t: pa.DataType) -> int:
-    depth = 0
-    while is_list_type(t):
-        t, depth = t.value_type, depth + 1
-    return depth
 
 
 def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray | RaggedColumn:
