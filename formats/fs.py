@@ -374,18 +374,22 @@ def list_files(
     return sorted(files)
 
 
-def local_stamp(path: str) -> Any:
-    """What changes when the file at a local ``path``, or any file of the directory there (a
-    SavedModel), is written again: sizes and modification times. None when nothing is there."""
+def files_stamp(path_or_url: str | os.PathLike) -> tuple | None:
+    """What changes when the file at ``path_or_url`` (a local path or any URL :func:`resolve`
+    takes), or any file of the directory there (a SavedModel, a Parquet data set), is written
+    again: paths, sizes and modification times. None when nothing is there or it cannot be
+    listed."""
+    from pyarrow import fs as pafs
+
     try:
-        if os.path.isdir(path):
-            return tuple(sorted(
-                (os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns)
-                for root, _, files in os.walk(path)
-                for f in files
-                for st in (os.stat(os.path.join(root, f)),)
-            ))
-        st = os.stat(path)
-        return (st.st_size, st.st_mtime_ns)
-    except OSError:
+        loc = resolve(path_or_url)
+        info = loc.filesystem.get_file_info(loc.path)
+        if info.type == pafs.FileType.Directory:
+            infos = loc.filesystem.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+        elif info.type == pafs.FileType.File:
+            infos = [info]
+        else:
+            return None
+    except (OSError, StorageError, ValueError):
         return None
+    return tuple(sorted((i.path, i.size, i.mtime_ns) for i in infos if i.type == pafs.FileType.File))

@@ -289,10 +289,10 @@ _MODELS: dict[tuple[str, str | None, str], Any] = {}
 def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
     """The SavedModel's signature, loaded once per executor process and again when its files
     change (a model retrained and exported to the same directory)."""
-    from formats.fs import local_stamp
+    from formats.fs import files_stamp
 
     cache_key = (export_dir, tag_set, key or "serving_default")
-    stamp = local_stamp(export_dir)
+    stamp = files_stamp(export_dir)
     with _MODEL_LOCK:
         if cache_key not in _MODELS or _MODELS[cache_key][2] != stamp:
             import tensorflow as tf

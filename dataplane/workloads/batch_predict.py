@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError, model_input_nulls
-from formats.fs import local_stamp
+from formats.fs import files_stamp
 from formats.schema import RaggedColumn, column_specs, to_numpy
 from formats.sparkframe import map_in_arrow, not_a_spark_frame, vector_as_array, vector_columns
 
@@ -254,7 +254,7 @@ def _cached_predictor(
     files change: Spark reuses its Python workers, and a model retrained and saved to the same
     path must not be answered by the one loaded before."""
     key = (model_path, layer, _loader_key(loader), tuple(input_cols))
-    stamp = local_stamp(model_path)
+    stamp = files_stamp(model_path)
     with _MODELS_LOCK:
         cached = _MODELS.get(key)
         if cached is not None and cached[0] == stamp:

@@ -296,25 +296,14 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
 
 
 def _files_stamp(path: str) -> str:
-    """Sizes and modification times of the files at ``path`` (any URL ``formats.fs`` reads),
-    as a short digest; a fresh one when they cannot be listed (the executors will say why)."""
+    """A short digest of the files at ``path`` as they are now; a fresh one when they cannot be
+    listed from the driver (never reuse a cached copy then; the executors will say why)."""
     import hashlib
 
-    from pyarrow import fs as pafs
+    from formats.fs import files_stamp
 
-    from formats.fs import resolve
-
-    try:
-        loc = resolve(path)
-        info = loc.filesystem.get_file_info(loc.path)
-        if info.type == pafs.FileType.Directory:
-            infos = loc.filesystem.get_file_info(pafs.FileSelector(loc.path, recursive=True))
-        else:
-            infos = [info]
-        parts = sorted(f"{i.path}:{i.size}:{i.mtime_ns}" for i in infos if i.type == pafs.FileType.File)
-    except Exception:  # noqa: BLE001 - not listable from the driver: never reuse a cached copy
-        return uuid.uuid4().hex
-    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
+    stamp = files_stamp(path)
+    return hashlib.sha1(repr(stamp).encode()).hexdigest()[:16] if stamp else uuid.uuid4().hex
 
 
 def _no_columns_check(columns: list[str], what: str) -> None:
