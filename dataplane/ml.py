@@ -163,9 +163,12 @@ class _ModelReader(DefaultParamsReader):
         return instance
 
 
+def _without_file_scheme(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
 def _local_dir(path: str) -> str:
-    if path.startswith("file://"):
-        return path[len("file://"):]
+    path = _without_file_scheme(path)
     if "://" in path:
         raise StorageError(
             f"TFEstimator save/load: {path!r} is not a local path; the train_fn pickle is "
@@ -391,9 +394,7 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
             column_specs(spark_arrow_schema(fields), columns=[f.name for f in fields])
         except SchemaError as exc:
             raise SchemaError(f"TFEstimator.fit: {exc}") from exc
-        export = self.getExportDir()
-        if export.startswith("file://"):
-            export = export[len("file://"):]
+        export = _without_file_scheme(self.getExportDir())
         if "://" not in export:
             export = os.path.abspath(export)
             if os.path.exists(export) and not os.path.isdir(export):
