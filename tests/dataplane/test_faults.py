@@ -311,27 +311,37 @@ _INTERRUPTED_DRIVER = textwrap.dedent(
 )
 
 
-def test_ctrl_c_on_the_driver_during_train_ends_everything_within_seconds(tmp_path):
-    """Ctrl-C while train() waits on slow readers: the with-block stops the nodes at once
-    (no draining of the epochs already pushed; before, the driver took 72 s to exit)."""
+def _interrupt_driver(tmp_path, script_text, ready_files, *, settle=0.0, timeout=120):
+    """Run ``script_text`` as a driver, wait for its JSON line and for the nodes' ready files,
+    send it SIGINT after ``settle`` seconds; its node info, stderr and seconds to exit."""
     script = tmp_path / "driver.py"
-    script.write_text(_INTERRUPTED_DRIVER)
+    script.write_text(script_text)
     proc = subprocess.Popen(
         [sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
     )
     try:
         info = json.loads(proc.stdout.readline())
-        for n in range(2):
-            wait_json(tmp_path / f"reading{n}.json", 120)
-        time.sleep(2.0)  # well into the first epoch, with the rest of it buffered on the nodes
+        for name in ready_files:
+            wait_json(tmp_path / name, 120)
+        time.sleep(settle)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=timeout)
         took = time.monotonic() - t0
     finally:
         proc.kill()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    return info, err, took
+
+
+def test_ctrl_c_on_the_driver_during_train_ends_everything_within_seconds(tmp_path):
+    """Ctrl-C while train() waits on slow readers: the with-block stops the nodes at once
+    (no draining of the epochs already pushed; before, the driver took 72 s to exit)."""
+    # settle: well into the first epoch, with the rest of it buffered on the nodes
+    info, err, took = _interrupt_driver(
+        tmp_path, _INTERRUPTED_DRIVER, [f"reading{n}.json" for n in range(2)], settle=2.0
+    )
     assert took < 30, took
     wait_gone(info["pids"], 15)
     assert node_processes(info["id"]) == []
@@ -355,23 +365,9 @@ _INTERRUPTED_BUSY_DRIVER = textwrap.dedent(
 def test_ctrl_c_ends_busy_mains_at_once_whatever_their_stop_grace(tmp_path):
     """Ctrl-C while the mains train without checking ctx.should_stop (a Keras fit): the nodes
     gave them stop_grace (TFEstimator: 120 s) and the driver killed them after its own wait."""
-    script = tmp_path / "driver.py"
-    script.write_text(_INTERRUPTED_BUSY_DRIVER)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+    info, err, took = _interrupt_driver(
+        tmp_path, _INTERRUPTED_BUSY_DRIVER, [f"busy{n}.json" for n in range(2)], timeout=180
     )
-    try:
-        info = json.loads(proc.stdout.readline())
-        for n in range(2):
-            wait_json(tmp_path / f"busy{n}.json", 120)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=180)
-        took = time.monotonic() - t0
-    finally:
-        proc.kill()
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
     assert took < 15, (took, err[-3000:])
     assert "did not confirm their exit" not in err, err[-3000:]
     wait_gone(info["pids"], 15)
