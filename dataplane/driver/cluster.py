@@ -329,10 +329,26 @@ class Cluster:
             err = self._node_failure(grace=2.0)
             if err is not None:
                 raise err from e
+            st = self._control.snapshot().get(node.node_id)
+            silent = time.monotonic() - st.last_seen if st is not None else 0.0
+            if self._exited_here(node.node_id):  # a killed process, before its heartbeats lapse
+                raise NodeError(
+                    f"{node.describe()} did not answer {name!r}: its process has exited without "
+                    f"reporting an error (killed, e.g. by the kernel's out-of-memory killer, or "
+                    f"crashed in native code; the executor's stderr may say which).",
+                    node=node, remote_traceback="(no traceback: the process was lost)",
+                ) from e
             raise NodeError(
-                f"{node.describe()} did not answer {name!r}: {flight_message(e)}", node=node,
-                remote_traceback="",
+                f"{node.describe()} did not answer {name!r}: {flight_message(e)} (its last "
+                f"heartbeat came {silent:.0f} s ago; if its process died, the executor's log "
+                f"says why).", node=node, remote_traceback="",
             ) from e
+
+    def _exited_here(self, node_id: int) -> bool:
+        """Whether node ``node_id`` ran on this machine and its process is gone."""
+        st = self._control.snapshot().get(node_id)
+        pid = _local_pid(st.registration) if st is not None else 0
+        return bool(pid) and not _alive(pid)
 
     def _node_failure(self, *, grace: float = 0.0, include_lost: bool = True) -> NodeError | None:
         """A NodeError for the first failed or lost node, or None when all are healthy."""
@@ -452,11 +468,9 @@ class Cluster:
 
     def _reap_local(self, deadline: float) -> None:
         """Make sure node processes on this machine are gone (kill what lingers)."""
-        local = {"127.0.0.1", "localhost", socket.gethostname()}
         for nid, st in self._control.snapshot().items():
-            r = st.registration
-            pid = int(r.get("pid", 0))
-            if not pid or (r.get("host") not in local and r.get("hostname") != socket.gethostname()):
+            pid = _local_pid(st.registration)
+            if not pid:
                 continue
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -483,6 +497,15 @@ def _lost(name: str, info: NodeInfo | None, silent_for: float) -> NodeError:
         f"was killed, or its executor was lost.",
         node=info, remote_traceback="(no traceback: the process was lost)",
     )
+
+
+def _local_pid(registration: dict[str, Any]) -> int:
+    """The node's pid when it runs on this machine (local mode, or an executor beside the
+    driver), else 0."""
+    pid = int(registration.get("pid", 0) or 0)
+    here = registration.get("host") in {"127.0.0.1", "localhost", socket.gethostname()} or (
+        registration.get("hostname") == socket.gethostname())
+    return pid if here else 0
 
 
 def _alive(pid: int) -> bool:

@@ -166,6 +166,23 @@ def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
     assert _no_active_jobs(spark), "the feeding job was not cancelled"
 
 
+def test_a_node_killed_outright_is_named_as_gone_not_as_slow(spark):
+    # before its heartbeats lapse, a killed node's first error read "did not answer 'metrics':
+    # failed to connect", as if it were busy; on this machine the driver can see it is gone
+    cluster = dataplane.run(spark, idle_main, num_nodes=1, node_timeout=60.0)
+    victim = cluster.nodes[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_gone([victim.pid], 10)
+    t0 = time.monotonic()
+    text = cluster.metrics()[victim.node_id]["error"]
+    assert time.monotonic() - t0 < 10
+    assert f"{victim.describe()} did not answer 'metrics': its process has exited" in text, text
+    assert "out-of-memory killer" in text, text
+    with pytest.raises(NodeError):
+        cluster.shutdown(timeout=20)
+    assert node_processes(cluster.cluster_id) == []
+
+
 def test_node_killed_mid_inference_fails_the_job_within_30s(spark):
     cluster = dataplane.run(spark, slow_serve_main, {"delay": 0.05}, num_nodes=2)
     victim = cluster.nodes[1]
