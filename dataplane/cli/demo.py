@@ -117,6 +117,18 @@ def _input_wait_class():  # type: ignore[no-untyped-def]
 _InputWait = _input_wait_class
 
 
+def _pace(wait: float, fit: float) -> str:
+    """What the input-bound share says: who set the pace of training."""
+    share = 100 * wait / fit if fit > 0 else 0.0
+    if share < 10:
+        verdict = "the model, not the feed, set the pace"
+    elif share < 50:
+        verdict = "the feed slowed training somewhat"
+    else:
+        verdict = "the feed, not the model, set the pace (input-bound)"
+    return f"the model waited for input {share:.1f}% of that time: {verdict}"
+
+
 def _wait_serving(cluster: Any, *, timeout: float) -> float:
     """Seconds until every node has finished fit and entered ``ctx.serve``.
 
@@ -179,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     node_args = {"epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed}
     with dataplane.run(spark, node_main, node_args, num_nodes=args.nodes) as cluster:
         print(f"cluster up in {time.monotonic() - t0:.1f} s: " + ", ".join(
-            f"{n.role} {n.index} @ {n.host}:{n.flight_port}" for n in cluster.nodes))
+            f"node {n.node_id} ({n.role} {n.index}) @ {n.host}:{n.flight_port}" for n in cluster.nodes))
         val_df = test_df.select("image", "label")
         report = cluster.train(train_df, num_epochs=args.epochs, cache=True, shuffle=True,
                                seed=args.seed, validation=val_df)
@@ -192,16 +204,15 @@ def run(args: argparse.Namespace) -> int:
         rows = report.rows_consumed
         mb = sum(mm["bytes_in"] for mm in m.values()) / 1e6  # pushed and replayed
         print(
-            f"fed {rows:,} rows ({mb:.1f} MB, {args.epochs} epochs of {n_train} training rows and "
-            f"{n_test} validation rows) in {fit:.1f} s of training: {rows / fit:,.0f} rows/s, "
-            f"{mb / fit:.1f} MB/s; the model waited for input {100 * wait / fit:.1f}% of the "
-            f"time (input-bound)"
+            f"the feed gave fit {rows:,} rows ({mb:.1f} MB: {args.epochs} epochs of {n_train} "
+            f"training and {n_test} validation rows) in {fit:.1f} s: {rows / fit:,.0f} rows/s, "
+            f"{mb / fit:.1f} MB/s; {_pace(wait, fit)}"
         )
         print(
             f"Spark jobs that pushed data: {report.spark_jobs} (each DataFrame once; the workers "
-            f"replayed the other epochs from their caches, shuffled); rows per node "
-            f"{report.rows_per_node}; dropped to balance workers: {report.dropped_for_balance}; "
-            f"validation accuracy {val_acc:.3f}"
+            f"replayed the other epochs from their caches, shuffled); rows received per node "
+            f"{report.rows_per_node}, of which {report.dropped_for_balance} left out so that "
+            f"every worker takes the same number of batches; validation accuracy {val_acc:.3f}"
         )
         t2 = time.monotonic()
         out = cluster.inference(test_df, passthrough=("id", "label")).toPandas()

@@ -20,17 +20,26 @@ def test_demo_trains_to_a_real_accuracy():
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-2000:] + proc.stderr[-3000:]
-    fed = re.search(r"fed ([\d,]+) rows \(([\d.]+) MB, 8 epochs of 1438 training rows and 359 "
-                    r"validation rows\) in [\d.]+ s of training: [\d,]+ rows/s, [\d.]+ MB/s; the "
-                    r"model waited for input ([\d.]+)% of the time", out)
+    fed = re.search(r"the feed gave fit ([\d,]+) rows \(([\d.]+) MB: 8 epochs of 1438 training and "
+                    r"359 validation rows\) in [\d.]+ s: [\d,]+ rows/s, [\d.]+ MB/s; the model "
+                    r"waited for input ([\d.]+)% of that time: (.*)\n", out)
     assert fed, out
     rows = int(fed.group(1).replace(",", ""))
     assert 8 * (1438 + 359) - 8 * 4 <= rows <= 8 * (1438 + 359)  # a few dropped for balance
-    assert 0.0 <= float(fed.group(3)) <= 100.0
-    jobs = re.search(r"Spark jobs that pushed data: (\d+) .* rows per node \{0: (\d+), 1: (\d+)\}", out)
+    share = float(fed.group(3))
+    assert 0.0 <= share <= 100.0
+    # the verdict follows the share: "(input-bound)" was printed beside a 1.2% wait
+    assert ("the model, not the feed, set the pace" in fed.group(4)) == (share < 10), fed.group(0)
+    assert ("input-bound" in fed.group(4)) == (share >= 50), fed.group(0)
+    jobs = re.search(r"Spark jobs that pushed data: (\d+) .* rows received per node \{0: (\d+), "
+                     r"1: (\d+)\}, of which (\d+) left out so that every worker takes the same "
+                     r"number of batches", out)
     assert jobs, out
     assert int(jobs.group(1)) == 2  # the training and the validation DataFrame, once each
-    assert int(jobs.group(2)) + int(jobs.group(3)) == 8 * (1438 + 359)
+    received = int(jobs.group(2)) + int(jobs.group(3))
+    assert received == 8 * (1438 + 359)
+    assert received - int(jobs.group(4)) == rows  # the two lines add up
+    assert re.search(r"node 0 \(chief 0\) @ 127\.0\.0\.1:\d+, node 1 \(worker 0\) @", out), out
     val = float(re.search(r"validation accuracy (\d\.\d+)", out).group(1))
     acc = float(re.search(r"accuracy (\d\.\d+)\n", out[out.index("inference on"):]).group(1))
     assert acc >= 0.85 and val >= 0.85, out  # a 64-16-10 MLP reaches ~0.97 on digits
