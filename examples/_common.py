@@ -5,6 +5,7 @@ Nothing here runs at import: node processes import the examples to find their ``
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -17,13 +18,13 @@ import numpy as np
 TEST_EVERY = 5
 
 
-def spark_session(app: str) -> Any:
-    """The active SparkSession, or a local one (2 cores, loopback) when run by plain ``python``.
+def spark_session(app: str, master: str | None = None) -> Any:
+    """The active SparkSession, or a new one.
 
     Under ``spark-submit`` (or when a session already exists, as in the tests) the configured
-    master is used unchanged.
+    master is used unchanged; run by plain ``python``, Spark starts on ``master`` (default
+    ``local[2]``) bound to loopback.
     """
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -32,12 +33,31 @@ def spark_session(app: str) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app)
-    if not SparkConf().contains("spark.master"):
-        builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
+    # spark-submit starts the JVM first and hands its port over in this variable; its
+    # --master is only visible in that JVM's configuration, not in a Python SparkConf() yet
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = (builder.master(master or "local[2]").config("spark.ui.enabled", "false")
                    .config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.sql.shuffle.partitions", "4"))
     return builder.getOrCreate()
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (epochs, nodes, sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def add_master_option(parser: argparse.ArgumentParser, *, default_help: str = "local[2]") -> None:
+    """``--master``: where Spark runs when the example is not run under spark-submit."""
+    parser.add_argument("--master", help=f"Spark master when run by plain python (default: "
+                                          f"{default_help}); ignored under spark-submit")
 
 
 def digits_arrays(rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -58,16 +78,11 @@ def split(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def digits_frame(spark: Any, rows: int | None = None, *, partitions: int = 4) -> Any:
     """Digits as a DataFrame: ``id`` long, ``pixels`` array<float> (64, scaled 0..1), ``label``."""
-    import pyarrow as pa
 
     ids, x, y = digits_arrays(rows)
-    table = pa.table({
-        "id": ids,
-        "pixels": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64).cast(
-            pa.list_(pa.float32())),
-        "label": y,
-    })
-    return spark.createDataFrame(table.to_pandas(), "id long, pixels array<float>, label long") \
+    # plain Python values: pyspark 3.5 without Arrow refuses numpy float32 in an array<float>
+    rows_ = list(zip(ids.tolist(), x.tolist(), y.tolist()))
+    return spark.createDataFrame(rows_, "id long, pixels array<float>, label long") \
         .repartition(partitions, "id")
 
 

@@ -14,7 +14,15 @@ import json
 import os
 import tempfile
 
-from examples._common import build_mlp, digits_frame, evaluate_local, spark_session, write_json
+from examples._common import (
+    add_master_option,
+    build_mlp,
+    digits_frame,
+    evaluate_local,
+    positive_int,
+    spark_session,
+    write_json,
+)
 
 
 def _fit_multi_worker(strategy, ds, args: dict, num_workers: int):  # type: ignore[no-untyped-def]
@@ -72,15 +80,16 @@ def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--nodes", type=positive_int, default=2)
+    p.add_argument("--epochs", type=positive_int, default=20)
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--hidden", type=positive_int, default=64)
     p.add_argument("--lr", type=float, default=0.01)
+    add_master_option(p, default_help="local[max(2, --nodes)]")
     a = p.parse_args(argv)
     import dataplane
 
-    spark = spark_session("digits-push")
+    spark = spark_session("digits-push", a.master or f"local[{max(2, a.nodes)}]")
     df = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label").cache()
     with tempfile.TemporaryDirectory(prefix="digits-push-") as out:
         args = {"epochs": a.epochs, "batch_size": a.batch_size, "hidden": a.hidden, "lr": a.lr,

@@ -16,7 +16,15 @@ import tempfile
 
 import numpy as np
 
-from examples._common import build_mlp, digits_arrays, digits_frame, spark_session, split
+from examples._common import (
+    add_master_option,
+    build_mlp,
+    digits_arrays,
+    digits_frame,
+    positive_int,
+    spark_session,
+    split,
+)
 
 
 def serve_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
@@ -35,8 +43,9 @@ def serve_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--nodes", type=positive_int, default=2)
+    p.add_argument("--epochs", type=positive_int, default=20)
+    add_master_option(p, default_help="local[max(2, --nodes)]")
     a = p.parse_args(argv)
     import dataplane
 
@@ -48,7 +57,7 @@ def run(argv: list[str] | None = None) -> dict:
         path = os.path.join(work, "digits.keras")
         model.save(path)
 
-        spark = spark_session("distributed-inference")
+        spark = spark_session("distributed-inference", a.master or f"local[{max(2, a.nodes)}]")
         test = digits_frame(spark).filter("id % 5 = 0")
         with dataplane.run(spark, serve_main, {"model": path}, num_nodes=a.nodes) as cluster:
             out = cluster.inference(test, passthrough=("id", "label"), columns=["pixels"])

@@ -16,7 +16,7 @@ import tempfile
 
 import numpy as np
 
-from examples._common import digits_frame, spark_session
+from examples._common import add_master_option, digits_frame, positive_int, spark_session
 
 
 def train_fn(args, ctx):  # type: ignore[no-untyped-def]
@@ -32,19 +32,28 @@ def train_fn(args, ctx):  # type: ignore[no-untyped-def]
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--work-dir", help="where the model and the pipeline are saved "
-                                      "(default: a new temporary directory)")
+    p.add_argument("--epochs", type=positive_int, default=20)
+    p.add_argument("--work-dir", help="where the model and the pipeline are saved (default: "
+                                      "a temporary directory, removed at the end)")
+    add_master_option(p)
     a = p.parse_args(argv)
+    if a.work_dir:
+        return _fit_save_load(a, a.work_dir)
+    with tempfile.TemporaryDirectory(prefix="ml-pipeline-") as work:
+        out = _fit_save_load(a, work)
+    out["model_path"] = "(removed with the temporary work directory; pass --work-dir to keep it)"
+    return out
+
+
+def _fit_save_load(a: argparse.Namespace, work: str) -> dict:
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import SQLTransformer
 
     from dataplane.ml import TFEstimator
 
-    spark = spark_session("ml-pipeline")
+    spark = spark_session("ml-pipeline", a.master)
     digits = digits_frame(spark).withColumnRenamed("pixels", "raw")  # raw is 0..1 here
     train, test = digits.filter("id % 5 != 0"), digits.filter("id % 5 = 0")
-    work = a.work_dir or tempfile.mkdtemp(prefix="ml-pipeline-")
     pipeline = Pipeline(stages=[
         SQLTransformer(statement="SELECT *, transform(raw, v -> CAST(v * 2 - 1 AS FLOAT)) "
                                  "AS centered FROM __THIS__"),

@@ -16,14 +16,23 @@ import tempfile
 
 import numpy as np
 
-from examples._common import build_mlp, digits_arrays, digits_frame, spark_session, split
+from examples._common import (
+    add_master_option,
+    build_mlp,
+    digits_arrays,
+    digits_frame,
+    positive_int,
+    spark_session,
+    split,
+)
 
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--epochs", type=positive_int, default=20)
     p.add_argument("--layer", default="hidden", help="also extract this layer ('' for none)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=256)
+    add_master_option(p)
     a = p.parse_args(argv)
     import dataplane
 
@@ -35,7 +44,7 @@ def run(argv: list[str] | None = None) -> dict:
         path = os.path.join(work, "digits.keras")
         model.save(path)
 
-        spark = spark_session("predict-digits")
+        spark = spark_session("predict-digits", a.master)
         test = digits_frame(spark).filter("id % 5 = 0")
         out = dataplane.predict(test, path, input_cols=["pixels"], output_col="probs",
                                 batch_size=a.batch_size)

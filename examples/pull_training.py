@@ -15,9 +15,11 @@ import os
 import tempfile
 
 from examples._common import (
+    add_master_option,
     build_mlp,
     digits_frame,
     evaluate_local,
+    positive_int,
     spark_session,
     wait_for_training,
     write_json,
@@ -50,16 +52,17 @@ def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--format", choices=["parquet", "tfrecord"], default="parquet")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--epochs", type=positive_int, default=20)
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--hidden", type=positive_int, default=64)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--files", type=int, default=4)
+    p.add_argument("--files", type=positive_int, default=4)
+    add_master_option(p)
     a = p.parse_args(argv)
     import dataplane
     import formats
 
-    spark = spark_session("pull-training")
+    spark = spark_session("pull-training", a.master)
     with tempfile.TemporaryDirectory(prefix="pull-training-") as out:
         data = os.path.join(out, "train")
         train = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label")

@@ -16,7 +16,15 @@ import json
 import os
 import tempfile
 
-from examples._common import build_mlp, digits_frame, evaluate_local, spark_session, write_json
+from examples._common import (
+    add_master_option,
+    build_mlp,
+    digits_frame,
+    evaluate_local,
+    positive_int,
+    spark_session,
+    write_json,
+)
 
 
 def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
@@ -40,13 +48,14 @@ def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--passes", type=int, default=10, help="times the training split is streamed")
-    p.add_argument("--files-per-pass", type=int, default=3)
+    p.add_argument("--passes", type=positive_int, default=10, help="times the training split is streamed")
+    p.add_argument("--files-per-pass", type=positive_int, default=3)
+    add_master_option(p)
     a = p.parse_args(argv)
     import dataplane
     from dataplane.workloads.streaming import feed_stream
 
-    spark = spark_session("streaming-digits")
+    spark = spark_session("streaming-digits", a.master)
     with tempfile.TemporaryDirectory(prefix="streaming-") as work:
         incoming = os.path.join(work, "incoming")
         train = digits_frame(spark).filter("id % 5 != 0").select("pixels", "label")

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 
-from examples._common import digits_arrays, spark_session, split
+from examples._common import add_master_option, digits_arrays, positive_int, spark_session, split
 
 
 def train_fn(params: dict, data: dict) -> dict:
@@ -33,13 +33,14 @@ def train_fn(params: dict, data: dict) -> dict:
 
 def run(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, nargs="+", default=[8, 64])
+    p.add_argument("--hidden", type=positive_int, nargs="+", default=[8, 64])
     p.add_argument("--lr", type=float, nargs="+", default=[0.0003, 0.01])
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=positive_int, default=10)
+    add_master_option(p)
     a = p.parse_args(argv)
     import dataplane
 
-    spark = spark_session("tune-digits")
+    spark = spark_session("tune-digits", a.master)
     ids, x, y = digits_arrays()
     train, _ = split(ids)
     rng = np.random.default_rng(0)

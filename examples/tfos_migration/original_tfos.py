@@ -8,6 +8,7 @@ The TFoS program that migrated.py moves onto spark-tf-dataplane.
 import argparse
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -64,8 +65,9 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--model_dir", default=None, help="default: a new temporary directory")
+    parser.add_argument("--model_dir", default=None, help="default: a temporary directory, removed at the end")
     args = parser.parse_args(argv)
+    temporary = args.model_dir is None
     args.model_dir = args.model_dir or tempfile.mkdtemp(prefix="tfos-digits-")
 
     sc = SparkContext.getOrCreate(SparkConf().setAppName("digits_tfos"))
@@ -83,6 +85,8 @@ def main(argv=None):
                             TFCluster.InputMode.SPARK, master_node="chief")
     results = cluster.inference(test_rdd).collect()
     cluster.shutdown()
+    if temporary:
+        shutil.rmtree(args.model_dir, ignore_errors=True)
 
     pairs = [line.split() for line in results]
     accuracy = float(np.mean([label == pred for label, pred in pairs]))

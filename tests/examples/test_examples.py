@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -42,6 +46,55 @@ def test_migration_diff_is_small_and_documented(folder, before, after):
     assert f"{n} changed lines" in readme
 
 
+
+
+def test_digits_frame_builds_without_arrow(spark):
+    # the session here enables Arrow; a user's pyspark 3.5 session does not, and there
+    # createDataFrame refused the numpy float32 pixels ("can not accept object 0.0 in type
+    # float32"), so every example failed on the compat stack
+    from examples._common import digits_arrays, digits_frame
+
+    key = "spark.sql.execution.arrow.pyspark.enabled"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        rows = sorted(digits_frame(spark, 30, partitions=2).collect(), key=lambda r: r["id"])
+    finally:
+        spark.conf.set(key, before)
+    ids, x, y = digits_arrays(30)
+    assert [r["id"] for r in rows] == ids.tolist()
+    assert [r["label"] for r in rows] == y.tolist()
+    assert np.array_equal(np.array([r["pixels"] for r in rows], dtype=np.float32), x)
+
+
+def test_an_example_under_spark_submit_keeps_its_master(tmp_path):
+    # SparkConf() could not see spark-submit's --master before the JVM was attached, so the
+    # examples always forced local[2]: --nodes 3 then failed asking for .master('local[3]')
+    script = tmp_path / "which_master.py"
+    script.write_text("from examples._common import spark_session\n"
+                      "s = spark_session('which-master', 'local[2]')\n"
+                      "print('MASTER=' + s.sparkContext.master)\n"
+                      "s.stop()\n")
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    proc = subprocess.run(
+        [submit, "--master", "local[3]", str(script)], capture_output=True, text=True, timeout=180,
+        env=dict(os.environ, PYTHONPATH=str(EXAMPLES.parent), PYSPARK_PYTHON=sys.executable,
+                 PYSPARK_DRIVER_PYTHON=sys.executable),
+    )
+    assert "MASTER=local[3]" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--epochs", "-2"], "--epochs"), (["--hidden", "8", "0"], "--hidden"),
+])
+def test_examples_refuse_numbers_below_one_before_starting(argv, option, capsys):
+    # tune_digits --epochs -2 ran every trial untrained and reported each as "ok"
+    from examples import tune_digits
+
+    with pytest.raises(SystemExit) as info:
+        tune_digits.run(argv)
+    assert info.value.code == 2
+    assert f"argument {option}: expected a whole number >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.cluster
