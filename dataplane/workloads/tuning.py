@@ -406,7 +406,8 @@ def tune(
     Returns:
         A Spark DataFrame, one row per trial, best first (failed trials last): ``trial`` (index
         in the order the space produced the points), one column per param, one per metric,
-        ``seconds`` (time inside ``train_fn``), ``status`` (``"ok"``/``"error"``) and ``error``
+        ``seconds`` (time inside ``train_fn``; an executor process's first trial also pays for
+        the imports it makes, TensorFlow's 5-20 s), ``status`` (``"ok"``/``"error"``) and ``error``
         (exception text and traceback tail, null when ok). Params/metrics that are not numbers,
         booleans or strings appear as their ``repr``.
 
