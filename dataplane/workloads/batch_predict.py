@@ -82,6 +82,21 @@ def _fit_input(x: np.ndarray, shape: Sequence[int | None], what: str) -> np.ndar
     )
 
 
+def _numeric_input(arrays: dict[str, np.ndarray], cols: Sequence[str], dtype: str, what: str) -> None:
+    """Text cannot feed a numeric model input: numpy would parse '1.5' as a number and fail
+    on anything else with a bare 'could not convert string to float'."""
+    if np.dtype(dtype).kind not in "iufb":
+        return
+    for c in cols:
+        a = arrays[c]
+        if a.dtype.kind in "OSU":
+            raise SchemaError(
+                f"predict: column {c!r} holds text (or bytes), but {what} takes {dtype}. Turn it "
+                f"into numbers first (pyspark.ml.feature.StringIndexer for categories, a cast "
+                f"for numbers stored as text), or leave it out of input_cols."
+            )
+
+
 def _assemble(arrays: dict[str, np.ndarray], cols: Sequence[str], shape: Sequence[int | None]):
     """One model input from the input columns: a single column as is, scalars stacked."""
     if len(cols) == 1:
@@ -118,6 +133,15 @@ def _keras_of(path: str) -> Any:
 
 
 def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) -> Predictor:
+    import zipfile
+
+    if path.endswith(".keras") and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        # Keras says "File not found" for a file that is there but is no zip archive
+        raise StorageError(
+            f"predict: cannot load {path!r}: it exists but is not a .keras archive (the zip "
+            f"file model.save('model.keras') writes; this is {os.path.getsize(path):,} bytes "
+            f"of something else). Save the model again, or pass the right file."
+        )
     keras = _keras_of(path)
     try:
         model = keras.models.load_model(path, compile=False)
@@ -157,8 +181,11 @@ def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) ->
 
     def fn(arrays: dict[str, np.ndarray]) -> np.ndarray:
         if len(inputs) == 1:
+            _numeric_input(arrays, input_cols, dtypes[0], f"the model input {names[0]!r}")
             x = [_assemble(arrays, input_cols, shapes[0]).astype(dtypes[0], copy=False)]
         else:
+            for n, d in zip(names, dtypes):
+                _numeric_input(arrays, [n], d, f"the model input {n!r}")
             x = [
                 _assemble(arrays, [n], s).astype(d, copy=False)
                 for n, s, d in zip(names, shapes, dtypes)
@@ -210,6 +237,7 @@ def _saved_model_predictor(path: str, layer: str | None, input_cols: Sequence[st
         for name in in_names:
             spec = in_specs[name]
             cols = input_cols if len(in_names) == 1 else [name]
+            _numeric_input(arrays, cols, spec.dtype.name, f"the SavedModel input {name!r}")
             x = _assemble(arrays, cols, tuple(spec.shape))
             feed[name] = tf.constant(x.astype(spec.dtype.as_numpy_dtype, copy=False))
         return sig(**feed)[out_name].numpy()
@@ -338,8 +366,14 @@ class _PredictBatches:
         layer: str | None,
         loader: Callable,
         sources: dict[str, str] | None = None,
+        output_shape: Sequence[int | None] = (),
+        shape_given: bool = False,
     ) -> None:
         self.model_path = model_path
+        # the per-row shape the output column was declared with, and whether the caller gave
+        # it (output_shape=) or the driver's copy of the model did
+        self.output_shape = tuple(output_shape)
+        self.shape_given = shape_given
         self.input_cols = input_cols
         # input column -> the column holding its values as an array (a Spark ML vector's
         # vector_to_array copy, dropped from the output); the others hold their own values
@@ -357,6 +391,16 @@ class _PredictBatches:
                 f"must return one output row per input row."
             )
         t = self.output_type
+        per_row = out.shape[1:]
+        declared = self.output_shape
+        if all(d is not None for d in declared) and math.prod(per_row) != math.prod(declared):  # type: ignore[arg-type]
+            how = ("output_shape=" + repr(list(declared)) + " was given" if self.shape_given
+                   else f"the model on the driver declared {declared}")
+            raise SchemaError(
+                f"predict: the model returned per-row shape {per_row} for column "
+                f"{self.output_col!r}, but {how}. Pass output_shape={list(per_row)!r}, or leave "
+                f"output_shape out and the driver learns it from the model."
+            )
         if pa.types.is_list(t):
             flat = out.reshape(rows, -1)
             width = flat.shape[1]
@@ -449,8 +493,15 @@ def predict(
         ``df`` with ``output_col`` appended, same rows.
 
     Raises:
-        SchemaError: a column is missing, the output column exists, or the inputs do not fit the
-            model; StorageError: the model path does not exist on the driver.
+        SchemaError: a column is missing or of a type TensorFlow cannot hold, the output column
+            exists, or the model's inputs and outputs do not fit (checked on the driver,
+            which loads the model unless ``output_shape`` is given).
+        StorageError: the model path does not exist on the driver, or is not a model.
+
+    The output is lazy: what only the rows can show (a list of the wrong length, a null, text
+    for a numeric input, an output of another shape than ``output_shape``) fails the Spark
+    action that computes it (``count()``, ``write``), as a Spark ``PythonException`` whose
+    message carries this module's ``SchemaError`` text, naming the column and the fix.
     """
     if not hasattr(df, "mapInArrow"):
         raise TypeError(f"predict: df must be a Spark DataFrame, got {not_a_spark_frame(df)}.")
@@ -510,6 +561,7 @@ def predict(
             )
         model_path = os.path.abspath(model_path)
     loader = loader or load_predictor
+    shape_given = output_shape is not None
     if output_shape is None:
         probe = _cached_predictor(model_path, layer, cols, loader)
         output_shape, output_dtype = probe.output_shape, probe.output_dtype
@@ -528,5 +580,7 @@ def predict(
         layer=layer,
         loader=loader,
         sources=sources,
+        output_shape=tuple(output_shape),
+        shape_given=shape_given,
     )
     return map_in_arrow(frame, fn, schema)

@@ -185,3 +185,43 @@ def test_bad_arguments_fail_on_the_driver(frame, models, kwargs, exc, text):
         out = predict(frame, **kwargs)
         out.collect()
     assert text in str(info.value)
+
+
+def test_a_file_named_keras_that_is_not_one_is_called_so(frame, tmp_path):
+    # Keras said "File not found" of a file that was there
+    path = tmp_path / "notes.keras"
+    path.write_text("not a model")
+    with pytest.raises(StorageError) as info:
+        predict(frame, str(path), input_cols=["vec"])
+    text = str(info.value)
+    assert f"cannot load {str(path)!r}: it exists but is not a .keras archive" in text, text
+    assert "File not found" not in text, text
+
+
+@pytest.mark.parametrize("given, pattern", [
+    # the classifier returns 3 scores a row: a wrong output_shape was ignored ([4]) or failed
+    # with numpy's "cannot reshape array of size 750 into shape (250,)" ([])
+    ([4], r"returned per-row shape \(3,\) for column 'prediction', but output_shape=\[4\] was given"),
+    ([], r"returned per-row shape \(3,\) for column 'prediction', but output_shape=\[\] was given"),
+])
+def test_an_output_shape_the_model_does_not_return_fails_naming_both(frame, models, given, pattern):
+    import re
+
+    paths, _, _ = models
+    out = predict(frame, paths["clf"], input_cols=["vec"], output_shape=given)
+    with pytest.raises(Exception) as info:
+        out.collect()
+    text = str(info.value)
+    assert re.search(pattern, text), text[-3000:]
+    assert "Pass output_shape=[3]" in text, text[-3000:]
+
+
+def test_text_for_a_numeric_input_is_named_with_the_fix(spark, models):
+    # a string column was parsed as numbers where it could be, else failed in numpy
+    paths, _, _ = models
+    df = spark.createDataFrame([(i, [str(float(i))] * 4) for i in range(10)], "id long, v array<string>")
+    with pytest.raises(Exception) as info:
+        predict(df, paths["clf"], input_cols=["v"]).collect()
+    text = str(info.value)
+    assert "column 'v' holds text (or bytes), but the model input 'features' takes float32" in text, text[-3000:]
+    assert "StringIndexer" in text
