@@ -14,6 +14,7 @@ its last message (``run(log_to_driver=True)``), printed here on the driver's std
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -26,6 +27,11 @@ from dataplane.rpc import AuthMiddlewareFactory, json_result
 from dataplane.topology import Topology, assign_roles
 
 __all__ = ["ControlServer", "NodeStatus"]
+
+#: Lines every node of some TensorFlow builds logs at start-up that mean nothing here (TF 2.16
+#: on a machine without a GPU: three "E ... Unable to register cuDNN/cuBLAS/cuFFT factory"
+#: lines per process); not forwarded, so a node's real errors stand out.
+_NOISE = re.compile(r"Unable to register cu(?:DNN|BLAS|FFT) factory: Attempting to register factory")
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +198,9 @@ class ControlServer(flight.FlightServerBase):
         with self._cond:
             if self.topology is not None and node_id in self.status:
                 who += f" {self.topology.node(node_id).role}"
-        lines = str(text).rstrip("\n").split("\n")
+        lines = [ln for ln in str(text).rstrip("\n").split("\n") if not _NOISE.search(ln)]
+        if not lines:
+            return
         out = "".join(f"[{who}] {line.rstrip(chr(13))}\n" for line in lines)
         try:
             sys.stderr.write(out)

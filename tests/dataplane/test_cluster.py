@@ -235,6 +235,32 @@ def test_what_nodes_print_shows_on_the_driver_prefixed_with_the_node(spark, caps
     assert "[node" not in capsys.readouterr().err
 
 
+def test_tensorflow_start_up_noise_is_not_forwarded(capsys):
+    # TF 2.16 (the compat stack) logs three "E ... Unable to register cuDNN factory" lines in
+    # every node on a machine without a GPU; forwarded, they read as each node's errors
+    import threading
+    from types import SimpleNamespace
+
+    from dataplane.driver.control import ControlServer
+
+    fake = SimpleNamespace(_cond=threading.Condition(), topology=None, status={})
+    log = (
+        "2026-11-27 17:29:34.404786: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:10575] "
+        "Unable to register cuDNN factory: Attempting to register factory for plugin cuDNN when "
+        "one has already been registered\n"
+        "2026-11-27 17:29:34.404827: E external/local_xla/xla/stream_executor/cuda/cuda_blas.cc:1442] "
+        "Unable to register cuBLAS factory: Attempting to register factory for plugin cuBLAS when "
+        "one has already been registered\n"
+        "epoch 1 loss 0.5\n"
+        "E something else went wrong\n"
+    )
+    ControlServer._show_log(fake, {"node_id": 1, "log": log})
+    assert capsys.readouterr().err.splitlines() == [
+        "[node 1] epoch 1 loss 0.5", "[node 1] E something else went wrong"]
+    ControlServer._show_log(fake, {"node_id": 1, "log": log.split("epoch")[0]})
+    assert capsys.readouterr().err == ""
+
+
 def test_log_tail_sends_whole_lines_then_the_rest(tmp_path):
     from dataplane.node.logtail import FINAL_BYTES, LogTail
 
