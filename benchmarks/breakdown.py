@@ -10,6 +10,9 @@ of the prefix before it (median against median), so the parts add up to ours' me
 * a prefix that is slower than a longer one (a stage the pipeline hides entirely, or noise
   between repetitions) is capped at the longer one's time, so that part is 0 and no part is
   negative; ``stage_seconds`` keeps the uncapped medians;
+* a prefix that is faster than a shorter one before it (the added stage overlaps the earlier
+  ones entirely, or noise) gives a part of 0 marked ``hidden``: the parts before it are then
+  the larger for it, so read them as upper bounds;
 * a prefix that could not run (``ok: false``) is merged into the next part, whose name then
   says so (``node_buffer+tensors``).
 
@@ -103,6 +106,8 @@ def ladder(
         }
         if raw > total:  # the prefix alone took longer than ours whole: the part is capped
             part["capped"] = True
+        elif raw < before:  # faster than the shorter prefix before it: this part reads 0
+            part["hidden"] = True
         parts.append(part)
         before = upto
         merged = []

@@ -200,7 +200,8 @@ def breakdown_lines(sc: dict[str, Any], bd: dict[str, Any]) -> list[str]:
     """The short breakdown printed under the table: where ours' measured time went."""
     total = bd.get("measured_seconds") or 0.0
     parts = ", ".join(
-        f"{p['part']} {p['seconds']:.3f} s ({100 * p['share']:.0f}%{', capped' if p.get('capped') else ''})"
+        f"{p['part']} {p['seconds']:.3f} s ({100 * p['share']:.0f}%"
+        f"{', capped' if p.get('capped') else ''}{', hidden' if p.get('hidden') else ''})"
         for p in bd.get("parts", [])
     )
     out = [
@@ -210,6 +211,10 @@ def breakdown_lines(sc: dict[str, Any], bd: dict[str, Any]) -> list[str]:
     if any(p.get("capped") for p in bd.get("parts", [])):
         out.append("  - capped: that stage alone took longer than ours whole (ours hides it, or "
                    "the runs were too short or noisy to tell; raise --limit or --reps)")
+    if any(p.get("hidden") for p in bd.get("parts", [])):
+        out.append("  - hidden: ours up to that stage ran faster than up to the stage before it, "
+                   "so the stage overlaps the earlier ones entirely (or the runs were noisy); the "
+                   "parts before it are upper bounds")
     wait = bd.get("consumer_wait_seconds")
     if wait is not None:
         out.append(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -139,8 +140,16 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line: TensorFlow's multi-line errors cut to their first line."""
     text = str(exc).strip() or type(exc).__name__
     if type(exc).__module__.startswith("tensorflow"):
-        text = f"{type(exc).__name__}: {text.splitlines()[0]}"
+        first = _TF_FUNCTION_NODE.sub("", text.splitlines()[0]).strip()
+        # an error our reader raised inside tf.data: its own text is the message
+        ours = re.match(r"(?:\w+\.)*(\w+Error): (.*)", first)
+        text = f"{ours.group(1)}: {ours.group(2)}" if ours else f"{type(exc).__name__}: {first}"
     return " ".join(text.split())
+
+
+#: TensorFlow's prefix on an error raised inside a dataset function, e.g.
+#: ``{{function_node __wrapped__IteratorGetNext_output_types_2_device_/job:localhost/...}}``
+_TF_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}")
 
 
 def _sniff_parquet(loc: Any, path: str) -> bool:

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mnist-rows", type=int, default=None,
                         help="rows in the MNIST-shaped table (default rows/10: its rows are "
                              "46x wider)")
-    parser.add_argument("--json", metavar="PATH", required=True, help="write the results here")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the full results here as JSON (the table goes to stdout)")
     parser.add_argument("--peers", default=None,
                         help="comma-separated non-ours paths to run (default: all), "
                              "e.g. tfos,spark-mapinarrow")
@@ -151,18 +152,20 @@ def _fail(args: argparse.Namespace, message: str) -> int:
 def _write_outputs(doc: dict[str, Any], args: argparse.Namespace, progress: Any) -> None:
     from benchmarks import report
 
-    json_path = Path(args.json).resolve()
+    json_path = Path(args.json).resolve() if args.json else None
     plot_path = Path(args.plot).resolve() if args.plot else None
-    # A single (scenario, table) run writes the bare scenario object (the documented shape);
-    # anything more writes {"scenarios": [...]} with the stack and machine on top.
-    out = doc["scenarios"][0] if len(doc["scenarios"]) == 1 else doc
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    if json_path is not None:
+        # A single (scenario, table) run writes the bare scenario object (the documented
+        # shape); anything more writes {"scenarios": [...]} with the stack and machine on top.
+        out = doc["scenarios"][0] if len(doc["scenarios"]) == 1 else doc
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     sys.stdout.write(report.markdown(doc))
     if plot_path is not None:
         report.plot(doc, plot_path)
         progress(f"plot written to {plot_path}")
-    progress(f"results written to {json_path}")
+    if json_path is not None:
+        progress(f"results written to {json_path}")
 
 
 def _idle_wait(args: argparse.Namespace) -> float:

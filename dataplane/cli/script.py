@@ -39,6 +39,10 @@ def _parser(only: str | None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
+        # also after the command (`dataplane bench ... -v`), as its error lines suggest;
+        # SUPPRESS keeps a `dataplane -v bench` given before it
+        p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                       help="more log output, and tracebacks with errors")
         if only == name:
             importlib.import_module(module).add_arguments(p)
         else:

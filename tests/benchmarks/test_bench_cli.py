@@ -244,3 +244,44 @@ def test_markdown_table_from_json():
 def test_plot_from_json(tmp_path):
     png = report.plot(_doc(), tmp_path / "b.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_v_after_the_command_and_no_json_are_accepted():
+    # `dataplane bench pull-parquet -v ...` was "unrecognized arguments: -v" though the error
+    # lines say "-v shows the traceback"; the README's first --data example has no --json
+    from dataplane.cli.script import _parser
+
+    def parse(*argv: str):  # type: ignore[no-untyped-def]
+        return _parser(argv[argv.index("bench")] if "bench" in argv else "inspect").parse_args(list(argv))
+
+    assert parse("bench", "push", "-v").verbose == 1
+    assert parse("-v", "bench", "push").verbose == 1
+    assert parse("bench", "push").verbose == 0 and parse("bench", "push").json is None
+    assert parse("inspect", "-v", "/d").verbose == 1
+
+
+def test_no_json_writes_no_file_and_still_prints_the_table(tmp_path, capsys, monkeypatch):
+    import argparse
+
+    from dataplane.cli.bench import _write_outputs
+
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    _write_outputs(_doc(), argparse.Namespace(json=None, plot=None), said.append)
+    assert "| push | numeric | flight-push | ours | 1,000 |" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == [] and not any("results written" in s for s in said)
+
+
+def test_an_error_raised_inside_tf_data_reads_as_ours():
+    # "InvalidArgumentError: {{function_node __wrapped__IteratorGetNext_...}} SchemaError: ..."
+    import tensorflow as tf
+
+    from benchmarks.userdata import one_line
+
+    exc = tf.errors.InvalidArgumentError(None, None, (
+        "{{function_node __wrapped__IteratorGetNext_output_types_2_device_/job:localhost/replica:0/"
+        "task:0/device:CPU:0}} SchemaError: column 'embedding' is fed as dense shape (100,)\n"
+        "\t [[{{node PyFunc}}]] [Op:IteratorGetNext]"))
+    assert one_line(exc) == "SchemaError: column 'embedding' is fed as dense shape (100,)"
+    plain = tf.errors.InvalidArgumentError(None, None, "Input is empty.\n\t [[{{node x}}]]")
+    assert one_line(plain) == "InvalidArgumentError: Input is empty."

@@ -312,6 +312,13 @@ def test_ladder_parts_add_up_capped_and_merged():
     bd = ladder(_scenario({"parquet": 1.0}, {"read": 0.2, "decode": 1.3}), "parquet", steps)
     assert [p["seconds"] for p in bd["parts"]] == pytest.approx([0.2, 0.8, 0.0])
     assert bd["parts"][1].get("capped") and bd["sum_seconds"] == pytest.approx(1.0)
+    # a prefix faster than the shorter one before it reads 0 and says so (it read as a plain
+    # "decode 0.000 s (0%)" beside a read part overstated by the difference)
+    bd = ladder(_scenario({"parquet": 1.0}, {"read": 0.6, "decode": 0.2}), "parquet", steps)
+    assert [p["seconds"] for p in bd["parts"]] == pytest.approx([0.6, 0.0, 0.4])
+    assert bd["parts"][1].get("hidden") and not bd["parts"][0].get("hidden")
+    lines = report.breakdown_lines({"scenario": "pull-parquet", "table": "data"}, bd)
+    assert "decode 0.000 s (0%, hidden)" in lines[0] and "upper bounds" in lines[1], lines
     # a stage that could not run joins the next part
     bd = ladder(_scenario({"parquet": 1.0}, {"read": 0.2, "decode": None}), "parquet", steps)
     assert [p["part"] for p in bd["parts"]] == ["read", "decode+to_tf"]
