@@ -369,3 +369,16 @@ def test_progress_bar_redraws_under_the_lines():
     quiet.tick(1, 2)
     quiet.line("x")
     assert plain.getvalue() == "x\n"
+
+
+def test_a_null_column_points_to_what_bench_can_do(tmp_path):
+    # the readers' fix, "Pass fill_values={'score': 0}", is no option of dataplane bench
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2, 3], "score": [1.0, None, 3.0]}), tmp_path / "t.parquet")
+    with pytest.raises(userdata.DataError) as info:
+        userdata.describe(userdata.DataSpec(str(tmp_path)), "pull-parquet")
+    text = str(info.value)
+    assert "column 'score' has 1 null value(s)" in text, text
+    assert "dataplane bench cannot fill nulls: leave such columns out with --columns" in text, text
