@@ -34,8 +34,11 @@ class FeedReport:
     """What ``cluster.train`` pushed, and what became of it.
 
     Attributes:
-        rows: rows pushed in all epochs (``df.count() * num_epochs`` when nothing failed).
-        bytes: Arrow payload bytes pushed.
+        rows: rows pushed or replayed in all epochs (``df.count() * num_epochs`` when nothing
+            failed, ``cache=True`` or not).
+        bytes: Arrow payload bytes that went over the network: with ``cache=True`` the one push
+            only (the nodes replay the later epochs from their caches), so ``bytes / rows`` is
+            a row's size only without the cache.
         seconds: wall time of the feed.
         rows_per_node: node id -> rows that node received (after dedupe of retried tasks).
         dropped_for_balance: rows received but not yielded, so every worker yields the same
