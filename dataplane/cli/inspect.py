@@ -124,6 +124,40 @@ def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
     _shape_hints(table, ragged, columns, "the first row group")
 
 
+def _parquet_nulls(plan: Any, columns: list[dict[str, Any]]) -> None:
+    """Each top-level column's null count from the footers' statistics (left out when a row
+    group has none): a reader refuses such a column unless given a fill value."""
+    totals: dict[str, int] = {}
+    unknown: set[str] = set()
+    for meta in plan.metadata:
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                name = col.path_in_schema
+                stats = col.statistics if col.is_stats_set else None
+                if stats is None or not stats.has_null_count:
+                    unknown.add(name)
+                else:
+                    totals[name] = totals.get(name, 0) + int(stats.null_count)
+    for c in columns:
+        if c["name"] in totals and c["name"] not in unknown:
+            c["nulls"] = totals[c["name"]]
+
+
+def _null_note(c: dict[str, Any]) -> str:
+    from formats.schema import fill_example
+
+    try:
+        import pyarrow as pa
+
+        example = fill_example(pa.type_for_alias(c["arrow_type"]))
+    except (ValueError, TypeError, KeyError):
+        example = "..."
+    return (f"{c['nulls']:,} null value(s): the readers refuse them unless given "
+            f"fill_values={{{c['name']!r}: {example}}} (or leave the column out)")
+
+
 def _file_sizes(loc: Any, files: list[str]) -> list[int]:
     infos = loc.filesystem.get_file_info(files)
     return [int(i.size or 0) for i in infos]
@@ -147,6 +181,7 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         ]
         columns = _columns_from_arrow(plan.schema)
         _parquet_shape_hints(plan, columns)
+        _parquet_nulls(plan, columns)
         return {"url": loc.url, "format": "parquet", "rows": plan.num_rows,
                 "bytes": sum(sizes), "schema_source": "parquet footer",
                 "columns": columns, "files": files}
@@ -176,6 +211,8 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
     for spec in plan.specs:
         arrow = str(spec.arrow_type) if spec.arrow_type is not None else None
         columns.append({"name": spec.name, "arrow_type": arrow, "tf": _tf_text(spec)})
+        if plan.schema_file is not None and spec.name in plan.schema_file.null_counts:
+            columns[-1]["nulls"] = int(plan.schema_file.null_counts[spec.name])
     if plan.schema_source == "inferred" and any(s.is_ragged for s in plan.specs):
         from feeders.tfrecord.files import sample_records
         from formats.example import decode_examples
@@ -230,6 +267,9 @@ def _render(info: dict[str, Any]) -> str:
     hints = [c for c in info["columns"] if c.get("hint")]
     for c in hints:
         lines.append(f"  {c['name']}: {c['hint']}")
+    for c in info["columns"]:
+        if c.get("nulls"):
+            lines.append(f"  {c['name']}: {_null_note(c)}")
     lines.append("")
     lines.append("files:")
     for f in info["files"]:

@@ -66,7 +66,7 @@ def test_tfrecord_with_schema_file_json(data):
     assert info["schema_source"] == "schema file"
     cols = {c["name"]: c for c in info["columns"]}
     assert cols["i32"] == {"name": "i32", "arrow_type": "int32",
-                           "tf": "TensorSpec(shape=(None,), dtype=tf.int32)"}
+                           "tf": "TensorSpec(shape=(None,), dtype=tf.int32)", "nulls": 0}
     assert cols["vec"]["tf"] == "TensorSpec(shape=(None, 3), dtype=tf.float32)"
     assert [f["rows"] for f in info["files"]] == [120]
 
@@ -170,3 +170,24 @@ def test_parquet_list_columns_of_one_length_get_the_shapes_to_declare(tmp_path):
     assert out.returncode == 0, out.stderr
     assert [ln.strip() for ln in out.stdout.splitlines() if "reads it dense" in ln] == [
         "image: every row of the 10 sampled records holds [6]: shapes={'image': [6]} reads it dense"]
+
+
+def test_null_counts_are_shown_with_the_fill_to_pass(tmp_path):
+    # inspect showed a nullable column's tf spec with no word of its nulls, which every reader
+    # then refused; the footers (and an exported set's _tf_schema.json) count them
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2, 3, 4], "score": [1.0, None, None, 4.0], "tag": ["a", None, "c", "d"]}),
+                   tmp_path / "t.parquet", row_group_size=2)
+    out = _inspect(str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "score: 2 null value(s): the readers refuse them unless given fill_values={'score': 0}" in out.stdout
+    assert "tag: 1 null value(s)" in out.stdout and "  id: " not in out.stdout
+    cols = {c["name"]: c for c in json.loads(_inspect("--json", str(tmp_path)).stdout)["columns"]}
+    assert (cols["id"]["nulls"], cols["score"]["nulls"], cols["tag"]["nulls"]) == (0, 2, 1)
+    records = tmp_path / "tr"
+    schema = TFRecordSchema(specs=column_specs(pa.schema([("score", pa.float64())])), null_counts={"score": 7})
+    write_tfrecord_files(pa.table({"score": [1.0, 2.0]}), records, files=1)
+    write_schema_file(records, schema)
+    assert "score: 7 null value(s)" in _inspect(str(records)).stdout
