@@ -331,13 +331,6 @@ class Cluster:
                 raise err from e
             st = self._control.snapshot().get(node.node_id)
             silent = time.monotonic() - st.last_seen if st is not None else 0.0
-            if self._exited_here(node.node_id):  # a killed process, before its heartbeats lapse
-                raise NodeError(
-                    f"{node.describe()} did not answer {name!r}: its process has exited without "
-                    f"reporting an error (killed, e.g. by the kernel's out-of-memory killer, or "
-                    f"crashed in native code; the executor's stderr may say which).",
-                    node=node, remote_traceback="(no traceback: the process was lost)",
-                ) from e
             raise NodeError(
                 f"{node.describe()} did not answer {name!r}: {flight_message(e)} (its last "
                 f"heartbeat came {silent:.0f} s ago; if its process died, the executor's log "
@@ -356,6 +349,7 @@ class Cluster:
         while True:
             snap = self._control.snapshot()
             now = time.monotonic()
+            failed: list[NodeError] = []
             for nid in sorted(snap):
                 st = snap[nid]
                 info = self.topology.node(nid) if self.topology else None
@@ -365,15 +359,32 @@ class Cluster:
                     summary = error_summary(st.traceback)
                     # a SchemaError on the node is one for the caller too (a null, a shape)
                     cls = NodeSchemaError if summary.split(":", 1)[0].endswith("SchemaError") else NodeError
-                    return cls(
+                    failed.append(cls(
                         f"{name}: main raised:\n{summary}" + (f"\n{fix}" if fix else ""),
                         node=info, remote_traceback=st.traceback,
-                    )
-                if include_lost and not st.exited and now - st.last_seen > self._node_timeout:
+                    ))
+                elif include_lost and not st.done and not st.exited and self._exited_here(nid):
+                    # died without a word (killed, out of memory): its peers' collectives then
+                    # fail too, and their errors would name them instead of the cause
+                    return _died(name, info, [e for e in failed] + self._peer_errors(snap, nid))
+                elif include_lost and not st.exited and now - st.last_seen > self._node_timeout:
                     return _lost(name, info, now - st.last_seen)
+            if failed:
+                # a node whose own code failed before the ones whose collectives it broke
+                return next((e for e in failed if not _peer_symptom(e.remote_traceback)), failed[0])
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.25)
+
+    def _peer_errors(self, snap: dict[int, Any], dead: int) -> list[NodeError]:
+        """The nodes other than ``dead`` that reported a failure, as short NodeErrors."""
+        out = []
+        for nid in sorted(snap):
+            st = snap[nid]
+            if nid != dead and st.done and not st.ok:
+                info = self.topology.node(nid) if self.topology else None
+                out.append(NodeError(error_summary(st.traceback), node=info, remote_traceback=st.traceback))
+        return out
 
     def _drain(self, deadline: float) -> None:
         """Let every chief and worker finish what it is doing before it is told to stop.
@@ -495,6 +506,29 @@ def _lost(name: str, info: NodeInfo | None, silent_for: float) -> NodeError:
     return NodeError(
         f"{name} stopped responding {silent_for:.0f} s ago (no heartbeat): its process died or "
         f"was killed, or its executor was lost.",
+        node=info, remote_traceback="(no traceback: the process was lost)",
+    )
+
+
+def _peer_symptom(traceback_text: str) -> bool:
+    """Whether a node's error is what another node's failure does to its peers under a
+    multi-worker strategy (its collectives aborted or cut off), not a failure of its own."""
+    last = error_summary(traceback_text)
+    return any(s in last for s in (
+        "Collective ops is aborted", "CollectiveReduce", "CollectiveGather", "CollectiveBcast",
+        "failed to connect to all addresses",
+    ))
+
+
+def _died(name: str, info: NodeInfo | None, symptoms: list[NodeError]) -> NodeError:
+    also = ""
+    if symptoms:
+        others = ", ".join(e.node.describe() if e.node else "a node" for e in symptoms)
+        also = f" {others} then failed as a result (their collectives lost this node)."
+    return NodeError(
+        f"{name}: its process exited without reporting an error (killed, e.g. by the kernel's "
+        f"out-of-memory killer, or it called os._exit or crashed in native code; the executor's "
+        f"stderr may say which).{also}",
         node=info, remote_traceback="(no traceback: the process was lost)",
     )
 

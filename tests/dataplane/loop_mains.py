@@ -189,3 +189,24 @@ def repeat_batches_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     seen = [[int(i) for i in next(it).numpy()] for _ in range(args["batches"])]
     _write(os.path.join(args["dir"], f"batches{ctx.node_id}.json"), seen)
     ctx.end_feed()
+
+
+def dying_worker_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """A Keras fit under MultiWorkerMirroredStrategy in which worker ``args["victim"]``'s process
+    ends outright (``os._exit``, as the out-of-memory killer would end it) after epoch 1."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+
+    class Die(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+            if epoch == 1 and ctx.node_id == args["victim"]:
+                os._exit(3)
+
+    ds = ctx.dataset(16, features="x", label="label")
+    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[Die()])
