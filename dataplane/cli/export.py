@@ -334,7 +334,28 @@ def _summary(args: argparse.Namespace, rows: int, files: int, nbytes: int, start
         f"exported {rows:,} rows from {args.src} to {args.dst} ({args.to}): {files} files, "
         f"{_human_bytes(nbytes)} in {secs:.1f} s ({rows / secs if secs else 0:,.0f} rows/s)"
     )
+    if args.to == "tfrecord":
+        note = _nulls_note(args.dst)
+        if note:
+            print(note)
     return 0
+
+
+def _nulls_note(dst: str) -> str | None:
+    """Columns whose nulls became absent features: a reader refuses them without a fill."""
+    from formats.schemafile import find_schema_file
+
+    try:
+        schema = find_schema_file(dst)
+    except Exception:  # noqa: BLE001 - the export succeeded; this note is a courtesy
+        return None
+    nulls = {k: v for k, v in (schema.null_counts if schema else {}).items() if v}
+    if not nulls:
+        return None
+    listed = ", ".join(f"{k!r} ({v:,})" for k, v in sorted(nulls.items()))
+    fills = ", ".join(f"{k!r}: ..." for k in sorted(nulls))
+    return (f"note: null values were written as absent features in {listed}; reading them back "
+            f"needs fill_values={{{fills}}} (or leave those columns out)")
 
 
 def _check_parquet(src: Any, *, flatten_structs: bool) -> str | None:

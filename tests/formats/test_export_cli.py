@@ -48,6 +48,17 @@ def test_export_parquet_to_tfrecord_prints_a_summary(tmp_path):
     assert sorted(os.listdir(dst)) == ["_tf_schema.json", "part-00000.tfrecord.gz",
                                        "part-00001.tfrecord.gz"]
     assert "tasks" not in res.stderr  # no progress bar when stderr is not a terminal
+    assert "note: null" not in res.stdout
+
+
+def test_nulls_written_as_absent_features_are_noted(tmp_path):
+    # the export said nothing; every reader then refused the column for want of a fill value
+    src = tmp_path / "src.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "score": [1.0, None, 3.0]}), src)
+    res = _cli(src, tmp_path / "out", "--to", "tfrecord")
+    assert res.returncode == 0, res.stderr
+    assert ("note: null values were written as absent features in 'score' (1); reading them "
+            "back needs fill_values={'score': ...}") in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize(
