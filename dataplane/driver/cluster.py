@@ -366,7 +366,7 @@ class Cluster:
                 elif include_lost and not st.done and not st.exited and self._exited_here(nid):
                     # died without a word (killed, out of memory): its peers' collectives then
                     # fail too, and their errors would name them instead of the cause
-                    return _died(name, info, [e for e in failed] + self._peer_errors(snap, nid))
+                    return _died(name, info, self._peer_errors(snap, nid))
                 elif include_lost and not st.exited and now - st.last_seen > self._node_timeout:
                     return _lost(name, info, now - st.last_seen)
             if failed:
