@@ -541,6 +541,9 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
     push), the books balance, the report says why rows went unread, and shutdown does not wait
     for a main blocked in ``ctx.wait_stop()``."""
     rows, val_rows = 1200, 8000  # a worker's share of a validation epoch: ~2x its buffer
+    # a wedged feed ends in a feed_timeout error, or takes past a third of it if something
+    # unwedges it late; the first call took 30.6 s on a busy 2-core CI machine (3 fits)
+    timeout = 3 * FEED_TIMEOUT
     cluster = dataplane.run(spark, keras_schedule_main, {"dir": str(tmp_path)}, num_nodes=2,
                             buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024)
     workers = [n.node_id for n in cluster.nodes]
@@ -553,8 +556,8 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         df, val = _frame(spark, 0, rows, 3), _frame(spark, 100_000, val_rows, 2)
         before = _rows_out(cluster)
         t0 = time.monotonic()
-        report = cluster.train(df, 3, FEED_TIMEOUT, validation=val)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        report = cluster.train(df, 3, timeout, validation=val)
+        assert time.monotonic() - t0 < timeout / 3
         _balanced(cluster, report, before)
         assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
         for n in workers:
@@ -574,8 +577,8 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         # feed_timeout before the node parked such rows on disk)
         before = _rows_out(cluster)
         t0 = time.monotonic()
-        report = cluster.train(df, 4, FEED_TIMEOUT, validation=val)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        report = cluster.train(df, 4, timeout, validation=val)
+        assert time.monotonic() - t0 < timeout / 3
         _balanced(cluster, report, before)
         for n in workers:
             assert wait_json(tmp_path / f"node{n}-stream.json") == {"loss": 4, "val_loss": 2}
@@ -587,8 +590,8 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
 
         before = _rows_out(cluster)
         t0 = time.monotonic()
-        report = cluster.train(df, 4, FEED_TIMEOUT, validation=val)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        report = cluster.train(df, 4, timeout, validation=val)
+        assert time.monotonic() - t0 < timeout / 3
         handed = _balanced(cluster, report, before)
         for n in workers:
             assert wait_json(tmp_path / f"node{n}-early.json") == {"loss": 2}
