@@ -1,7 +1,8 @@
 """Render a bench JSON (one scenario object, a list of them, or ``{"scenarios": [...]}``).
 
 ``markdown(doc)`` gives the table printed on stdout and pasted into the README; ``plot(doc,
-png)`` draws rows/s per path on a log scale, one group of bars per (scenario, table).
+png)`` draws rows/s per path, one panel of bars per (scenario, table), each bar labelled with
+its ratio to ours.
 Both read only the JSON, so a figure can be redrawn from an old run:
 ``python -m benchmarks.report bench.json --plot bench.png``.
 """
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["scenarios_of", "markdown", "breakdown_lines", "plot", "main"]
+__all__ = ["scenarios_of", "markdown", "breakdown_lines", "bar_labels", "plot", "main"]
 
 
 def scenarios_of(doc: Any) -> list[dict[str, Any]]:
@@ -234,8 +235,27 @@ def breakdown_lines(sc: dict[str, Any], bd: dict[str, Any]) -> list[str]:
     return out
 
 
+def bar_labels(sc: dict[str, Any]) -> list[str]:
+    """The text on each of a scenario's bars: its rows/s and, for the other paths, how it
+    compares with ours (``"500 rows/s\n0.25x ours"``), or ``n/a`` when it did not run."""
+    ours = next((r.get("rows_per_s") or 0.0 for r in sc["results"]
+                 if r.get("kind") == "ours" and r.get("ok")), 0.0)
+    out = []
+    for res in sc["results"]:
+        rate = res.get("rows_per_s") or 0.0
+        if not (res.get("ok") and rate > 0):
+            out.append("n/a")
+        elif res.get("kind") == "ours" or not ours:
+            out.append(f"{_fmt_rate(rate)} rows/s")
+        else:
+            out.append(f"{_fmt_rate(rate)} rows/s\n{rate / ours:.2f}x ours")
+    return out
+
+
 def plot(doc: Any, png: str | Path) -> Path:
-    """Draw rows/s per path (log scale), one group per (scenario, table), into ``png``."""
+    """Draw rows/s per path into ``png``: one panel per (scenario, table), each on its own
+    linear axis from zero, so bar heights compare as the ratios do (a log axis made a 0.88x
+    peer look several times slower); each bar says its rows/s and its ratio to ours."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,37 +264,31 @@ def plot(doc: Any, png: str | Path) -> Path:
     scenarios = [sc for sc in scenarios_of(doc) if sc.get("results")]
     colors = {"ours": "#1f77b4", "peer": "#ff7f0e", "ceiling": "#7f7f7f"}
     several_stacks = len({(sc.get("stack") or {}).get("name") for sc in scenarios}) > 1
-    width = max(6.0, 0.55 * sum(len(sc["results"]) for sc in scenarios) + 1.5)
-    fig, ax = plt.subplots(figsize=(width, 4.8))
-    x = 0.0
-    ticks, labels, group_mid, group_names = [], [], [], []
-    for sc in scenarios:
-        start = x
-        for res in sc["results"]:
-            rate = res.get("rows_per_s") or 0.0
-            if res.get("ok") and rate > 0:
+    widths = [max(1, len(sc["results"])) for sc in scenarios] or [1]
+    fig, axes = plt.subplots(
+        1, len(widths), figsize=(max(6.0, 1.1 * sum(widths) + 1.0), 4.8),
+        gridspec_kw={"width_ratios": widths}, squeeze=False,
+    )
+    for ax, sc in zip(axes[0], scenarios):
+        rates = [(r.get("rows_per_s") or 0.0) if r.get("ok") else 0.0 for r in sc["results"]]
+        top = max(rates) if any(rates) else 1.0
+        for x, (res, rate, text) in enumerate(zip(sc["results"], rates, bar_labels(sc))):
+            if rate > 0:
                 ax.bar(x, rate, color=colors.get(res.get("kind"), "#2ca02c"), width=0.8)
-            else:
-                ax.text(x, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90,
-                        transform=ax.get_xaxis_transform())
-            ticks.append(x)
-            labels.append(res["path"])
-            x += 1.0
-        group_mid.append((start + x - 1.0) / 2)
+            ax.text(x, rate + 0.01 * top, text, ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, top * 1.25)
+        ax.set_xlim(-0.6, len(rates) - 0.4)  # a path that did not run keeps its slot
+        ax.set_xticks(range(len(sc["results"])))
+        ax.set_xticklabels([r["path"] for r in sc["results"]], rotation=45, ha="right", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
         stack_name = (sc.get("stack") or {}).get("name") if several_stacks else None
-        group_names.append(
-            f"{sc['scenario']}\n{sc.get('table', '')}" + (f"\n{stack_name}" if stack_name else "")
-        )
-        x += 0.8
-    ax.set_yscale("log")
-    ax.set_ylabel("rows/s (median, log scale)")
-    ax.set_xticks(ticks)
-    ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
-    for mid, name in zip(group_mid, group_names):
-        ax.annotate(name, (mid, 1.0), xycoords=("data", "axes fraction"), ha="center",
-                    va="bottom", fontsize=8, xytext=(0, 4), textcoords="offset points")
+        ax.set_title(f"{sc['scenario']} {sc.get('table', '')}" + (f" ({stack_name})" if stack_name else ""),
+                     fontsize=8)
+    for ax in axes[0][len(scenarios):]:
+        ax.set_visible(False)
+    axes[0][0].set_ylabel("rows/s (median)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, list(colors), loc="lower right", fontsize=8)
+    axes[0][-1].legend(handles, list(colors), loc="upper right", fontsize=7)
     stacks = []
     for sc in scenarios:
         st = sc.get("stack") or {}
@@ -283,10 +297,8 @@ def plot(doc: Any, png: str | Path) -> Path:
         if text not in stacks:
             stacks.append(text)
     machine = (scenarios[0].get("machine") or {}) if scenarios else {}
-    ax.set_title(
-        "dataplane bench (" + "; ".join(stacks) + f"; {machine.get('cores')} cores)",
-        fontsize=8, pad=36 if several_stacks else 24,
-    )
+    fig.suptitle("dataplane bench (" + "; ".join(stacks) + f"; {machine.get('cores')} cores)", fontsize=8)
+    fig.tight_layout()
     png = Path(png)
     fig.savefig(png, dpi=120, bbox_inches="tight")
     plt.close(fig)

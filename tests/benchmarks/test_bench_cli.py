@@ -244,6 +244,9 @@ def test_markdown_table_from_json():
 def test_plot_from_json(tmp_path):
     png = report.plot(_doc(), tmp_path / "b.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # each bar says its rate and its ratio to ours (the log axis alone made 0.88x look like 20x)
+    assert report.bar_labels(_doc()["scenarios"][0]) == [
+        "2.0k rows/s", "500 rows/s\n0.25x ours", "n/a"]
 
 
 def test_v_after_the_command_and_no_json_are_accepted():
