@@ -82,15 +82,16 @@ def count_main(args: dict[str, Any], ctx: Any) -> None:
     ``args``: ``dir`` (where to write ``<role><index>-epoch<e>.json``), ``batch_size``, and optionally
     ``slow_factor``: from the second epoch on, sleep ``slow_factor - 1`` times the first
     epoch's per-batch time after every batch (a consumer that is ``slow_factor`` x slower), and
-    ``shapes`` (``ctx.dataset``'s). Each epoch's file also says when the first batch came
+    ``shapes`` and ``fill_values`` (``ctx.dataset``'s). Each epoch's file also says when the first batch came
     (``first_at``, wall clock) and how long the consumer was blocked on the batches after it
     (``wait_after_first``): the driver adds the time from its ``train`` call to ``first_at``
     for the consumer's whole wait (the node's own wait before the first batch also covers the
     time between the driver's epochs).
     """
     out = Path(args["dir"])
-    shapes = args.get("shapes")
-    ds = ctx.dataset(batch_size=args["batch_size"], **({"shapes": shapes} if shapes else {}))
+    shapes, fill = args.get("shapes"), args.get("fill_values")
+    ds = ctx.dataset(batch_size=args["batch_size"], **({"shapes": shapes} if shapes else {}),
+                     **({"fill_values": fill} if fill else {}))
     slow = float(args.get("slow_factor") or 1)
     per_batch = 0.0
     epoch = 0
@@ -231,7 +232,7 @@ class FlightPushPath:
                  buffer_bytes: int | None = None, max_chunk_bytes: int | None = None,
                  slow_factor: int = 1, name: str = "push", main: Callable[..., None] | None = None,
                  shapes: dict[str, list[int]] | None = None, feed_timeout: float | None = None,
-                 keep_metrics: bool = False) -> None:
+                 keep_metrics: bool = False, fill_values: dict[str, Any] | None = None) -> None:
         self.spark = env.spark
         self.df = env.dataframe()
         self.rows = env.rows_of()
@@ -239,7 +240,7 @@ class FlightPushPath:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.num_nodes = num_nodes
         self.args = {"dir": str(self.dir), "batch_size": batch_size, "slow_factor": slow_factor,
-                     "shapes": shapes}
+                     "shapes": shapes, "fill_values": fill_values}
         self.main = main or count_main
         self.feed_timeout = feed_timeout
         self.keep_metrics = keep_metrics

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["DATA_SCENARIOS", "DATA_PATH_NAMES", "DataError", "DataSpec", "Described", "parse_shapes", "describe", "run_on_data"]
+__all__ = ["DATA_SCENARIOS", "DATA_PATH_NAMES", "DataError", "DataSpec", "Described", "parse_shapes", "parse_fill", "describe", "run_on_data"]
 
 DATA_SCENARIOS = ("pull-parquet", "pull-tfrecord", "push")
 # scenario -> every path name its --data build may return (what `--peers` is checked against)
@@ -50,6 +50,8 @@ class DataSpec:
         label: a column yielded apart as the label (read in any case).
         limit: read only the first ``limit`` rows (default: all).
         batch_size: rows per batch on every path.
+        fill: per-column value for nulls (absent features), as the readers' ``fill_values``:
+            text from ``--fill`` until :func:`describe` types it by the column's dtype.
     """
 
     url: str
@@ -58,6 +60,7 @@ class DataSpec:
     label: str | None = None
     limit: int | None = None
     batch_size: int = BATCH_SIZE
+    fill: dict[str, Any] = field(default_factory=dict)
 
     def wanted(self, names: Sequence[str]) -> list[str]:
         """The columns read, in order: ``columns`` (default all of ``names``), then the label."""
@@ -86,6 +89,84 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
             )
         out[name.strip()] = shape
     return out
+
+
+def parse_fill(text: str | None) -> dict[str, str]:
+    """``"rating=0,comment="`` -> ``{"rating": "0", "comment": ""}`` (typed later, by column)."""
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise DataError(
+                f"--fill: {item!r} is not COLUMN=VALUE; write e.g. rating=0 or rating=0,comment= "
+                f"(',' between columns; an empty VALUE fills a string column with '')"
+            )
+        if name.strip() in out:
+            raise DataError(f"--fill names column {name.strip()!r} twice")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _typed_fill(name: str, dtype: str, text: Any) -> Any:
+    """``--fill``'s text for column ``name`` as the value its ``dtype`` takes."""
+    if not isinstance(text, str):  # given typed (the Python API)
+        return text
+    try:
+        if dtype == "string":
+            return text
+        if dtype == "bool":
+            return {"true": True, "1": True, "false": False, "0": False}[text.lower()]
+        if dtype.startswith(("int", "uint")):
+            return int(text)
+        return float(text)
+    except (KeyError, ValueError):
+        want = {"bool": "true or false"}.get(dtype, "an integer" if dtype.startswith(("int", "uint"))
+                                             else "a number")
+        raise DataError(
+            f"--fill {name}={text}: column {name!r} is {dtype}, so its fill value must be {want}"
+        ) from None
+
+
+def _with_fills(spec: DataSpec, specs: list[Any]) -> list[Any]:
+    """``specs`` with ``spec.fill`` typed and set on them (``spec.fill`` typed in place)."""
+    import dataclasses
+
+    from formats.schema import check_fill_value
+
+    by_name = {s.name: s for s in specs}
+    for name in spec.fill:
+        if name not in by_name:
+            raise DataError(f"--fill: column {name!r} is not among the columns read "
+                            f"({', '.join(by_name)})")
+    typed = {n: _typed_fill(n, by_name[n].dtype, v) for n, v in spec.fill.items()}
+    for name, value in typed.items():
+        try:
+            check_fill_value(name, by_name[name].dtype, value)
+        except ValueError as exc:
+            raise DataError(f"--fill: {one_line(exc)}") from exc
+    spec.fill = typed
+    return [dataclasses.replace(s, fill=typed[s.name]) if s.name in typed else s for s in specs]
+
+
+def _unfilled_nulls(spec: DataSpec, plan: Any, specs: list[Any]) -> None:
+    """Refuse, naming every one of them, the scalar columns read whose footers count nulls
+    and that ``--fill`` does not cover (the readers stop at the first)."""
+    from feeders.parquet.plan import null_counts
+    from formats.schema import fill_example
+
+    counts = null_counts(plan.metadata)
+    bad = [s for s in specs if not s.shape and s.fill is None and counts.get(s.name)]
+    if not bad:
+        return
+    listed = ", ".join(f"{s.name!r} ({counts[s.name]:,})" for s in bad)
+    example = ",".join(f"{s.name}={'' if s.dtype == 'string' else fill_example(s.arrow_type)}"
+                       for s in bad)
+    raise DataError(
+        f"{spec.url}: column(s) with nulls, which TensorFlow tensors cannot hold: {listed}; "
+        f"give each a value with --fill {example}, or leave them out with --columns"
+    )
 
 
 @dataclass
@@ -132,6 +213,7 @@ class Described:
             "shapes": {k: list(v) for k, v in self.spec.shapes.items()},
             "row_bytes": self.row_bytes,
             "batch_size": self.spec.batch_size,
+            "fill": dict(self.spec.fill),
             "schema": self.schema_lines,
         }
 
@@ -197,6 +279,8 @@ def _spec_line(s: Any, arrow: Any = None, spec: DataSpec | None = None) -> str:
         notes.append("--shapes")
     if spec is not None and s.name == spec.label:
         notes.append("label")
+    if spec is not None and s.name in spec.fill:
+        notes.append(f"nulls -> {spec.fill[s.name]!r}")
     source = f"{arrow} -> " if arrow is not None else ""
     return f"{s.name}: {source}tf.{s.dtype} {shape}" + (f" ({', '.join(notes)})" if notes else "")
 
@@ -216,6 +300,8 @@ def _parquet(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]:
         specs = column_specs(plan.schema, columns=wanted, shapes=spec.shapes or None)
     except (ValueError, TypeError) as exc:
         raise DataError(f"{spec.url}: {one_line(exc)}") from exc
+    specs = _with_fills(spec, specs)
+    _unfilled_nulls(spec, plan, specs)
     lines = [_spec_line(s, plan.schema.field(s.name).type, spec) for s in specs]
     return plan, specs, lines, plan.num_rows
 
@@ -238,6 +324,7 @@ def _tfrecord(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]
         if name in spec.shapes:
             s = dataclasses.replace(s, shape=tuple(spec.shapes[name]), ragged_rank=0)
         specs.append(s)
+    specs = _with_fills(spec, specs)
     plan.specs = [next((t for t in specs if t.name == s.name), s) for s in plan.specs]
     lines = [_spec_line(s, None, spec) for s in specs]
     if plan.schema_file is not None and plan.schema_file.num_rows is not None:
@@ -259,11 +346,11 @@ def ours_dataset(d: Described, *, filesystem: Any = None) -> Any:
     if d.format == "parquet":
         return feeders.parquet_dataset(
             spec.url, columns=cols, batch_size=spec.batch_size, label=spec.label,
-            shapes=spec.shapes or None, filesystem=filesystem,
+            shapes=spec.shapes or None, fill_values=spec.fill or None, filesystem=filesystem,
         )
     return feeders.tfrecord_dataset(
         spec.url, schema=d.plan.specs, columns=cols, batch_size=spec.batch_size, label=spec.label,
-        filesystem=filesystem,
+        fill_values=spec.fill or None, filesystem=filesystem,
     )
 
 
@@ -321,9 +408,10 @@ def describe(spec: DataSpec, scenario: str) -> Described:
             shown = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in spec.shapes.items())
             hint = f" (does --shapes {shown} fit every row?)"
         text = one_line(exc)
-        if "fill_values=" in text:  # the readers' fix; bench has no such option
-            text += (" (dataplane bench cannot fill nulls: leave such columns out with --columns, "
-                     "or benchmark a copy with the nulls filled)")
+        fix = re.search(r"fill_values=\{'([^']+)': ([^}]*)\}", text)
+        if fix:  # the readers' fix, as bench spells it
+            value = fix.group(2).strip("'\"")
+            text += f" (here: --fill {fix.group(1)}={value}, or leave the column out with --columns)"
         raise DataError(f"{spec.url}: the first batch cannot be read{hint}: {text}") from exc
     d.row_bytes = max(1, math.ceil(nbytes / max(1, n)))
     return d

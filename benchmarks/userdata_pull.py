@@ -353,6 +353,8 @@ def _feature_spec(d: Any) -> dict[str, Any]:
         dtype = kinds.get(s.dtype, tf.int64)
         if s.is_ragged:
             out[s.name] = tf.io.RaggedFeature(dtype)
+        elif s.fill is not None and not s.shape:  # --fill: what parse_example puts for an absent feature
+            out[s.name] = tf.io.FixedLenFeature([], dtype, default_value=s.fill)
         else:
             out[s.name] = tf.io.FixedLenFeature(list(s.shape), dtype)
     return out

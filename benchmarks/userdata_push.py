@@ -147,7 +147,8 @@ def build(env: Any) -> list[BenchPath]:
     nbytes = d.rows * d.row_bytes
     df = env.dataframe()
     shapes = {k: list(v) for k, v in d.spec.shapes.items()} or None
-    ours = FlightPushPath(env, batch_size=d.spec.batch_size, shapes=shapes, keep_metrics=True)
+    ours = FlightPushPath(env, batch_size=d.spec.batch_size, shapes=shapes, keep_metrics=True,
+                          fill_values=d.spec.fill or None)
     raw = RawFlightPath(env)
     paths = [
         BenchPath("flight-push", ours, kind="ours", nbytes=nbytes, close=ours.close),

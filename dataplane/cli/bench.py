@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="per-row shapes of list columns, e.g. image=784 or image=28x28,mask=4 "
                            "(dense tensors instead of ragged)")
     data.add_argument("--label", default=None, help="a column yielded apart as the label")
+    data.add_argument("--fill", default=None, metavar="COL=VALUE,...",
+                      help="a value for each null of these columns, e.g. rating=0,comment= "
+                           "(TF tensors cannot hold nulls; the readers' fill_values)")
     data.add_argument("--limit", type=int, default=None, metavar="ROWS",
                       help="read only the first ROWS rows (default all)")
     data.add_argument("--batch-size", type=int, default=1024, help="rows per batch (default 1024)")
@@ -208,6 +211,7 @@ def _run_on_data(args: argparse.Namespace) -> int:
             label=args.label,
             limit=args.limit,
             batch_size=args.batch_size,
+            fill=userdata.parse_fill(args.fill),
         )
         with contextlib.redirect_stdout(sys.stderr):
             described = userdata.describe(spec, args.scenario)
@@ -253,8 +257,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.data is not None:
         return _run_on_data(args)
-    if any(getattr(args, n) is not None for n in ("columns", "shapes", "label", "limit")):
-        return _fail(args, "--columns, --shapes, --label and --limit need --data URL")
+    if any(getattr(args, n) is not None for n in ("columns", "shapes", "label", "limit", "fill")):
+        return _fail(args, "--columns, --shapes, --label, --fill and --limit need --data URL")
     from benchmarks import harness
 
     rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else 200_000)

@@ -127,22 +127,12 @@ def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
 def _parquet_nulls(plan: Any, columns: list[dict[str, Any]]) -> None:
     """Each top-level column's null count from the footers' statistics (left out when a row
     group has none): a reader refuses such a column unless given a fill value."""
-    totals: dict[str, int] = {}
-    unknown: set[str] = set()
-    for meta in plan.metadata:
-        for g in range(meta.num_row_groups):
-            rg = meta.row_group(g)
-            for c in range(rg.num_columns):
-                col = rg.column(c)
-                name = col.path_in_schema
-                stats = col.statistics if col.is_stats_set else None
-                if stats is None or not stats.has_null_count:
-                    unknown.add(name)
-                else:
-                    totals[name] = totals.get(name, 0) + int(stats.null_count)
+    from feeders.parquet.plan import null_counts
+
+    counts = null_counts(plan.metadata)
     for c in columns:
-        if c["name"] in totals and c["name"] not in unknown:
-            c["nulls"] = totals[c["name"]]
+        if c["name"] in counts:
+            c["nulls"] = counts[c["name"]]
 
 
 def _null_note(c: dict[str, Any]) -> str:

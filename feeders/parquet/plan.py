@@ -24,7 +24,7 @@ from formats.fs import Location, list_files, listing_root, resolve, storage_erro
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
 from formats.schema import ColumnSpec, fill_example
 
-__all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "check_file", "chunk_rows_for"]
+__all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "null_counts", "check_file", "chunk_rows_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,24 @@ def _check_no_extra_columns(loc: Location, files: list[str], metas: list[Any], s
                 f"file, or pass columns= naming the columns to read (those every file has: "
                 f"{sorted(known)[:10]}{' ...' if len(known) > 10 else ''})."
             )
+
+
+def null_counts(metas: Sequence[Any]) -> dict[str, int]:
+    """Each column's nulls over all files, from the footers' statistics; a column some row
+    group keeps no null count for is left out (its count is unknown)."""
+    totals: dict[str, int] = {}
+    unknown: set[str] = set()
+    for meta in metas:
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                stats = col.statistics if col.is_stats_set else None
+                if stats is None or not stats.has_null_count:
+                    unknown.add(col.path_in_schema)
+                else:
+                    totals[col.path_in_schema] = totals.get(col.path_in_schema, 0) + int(stats.null_count)
+    return {name: n for name, n in totals.items() if name not in unknown}
 
 
 def check_nulls(

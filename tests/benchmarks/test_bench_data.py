@@ -371,14 +371,115 @@ def test_progress_bar_redraws_under_the_lines():
     assert plain.getvalue() == "x\n"
 
 
-def test_a_null_column_points_to_what_bench_can_do(tmp_path):
-    # the readers' fix, "Pass fill_values={'score': 0}", is no option of dataplane bench
-    import pyarrow as pa
+
+
+def _nullable(root: Path) -> Path:
+    """id 0..29; score null on ids % 3 == 1 (10 nulls), name null on ids % 5 == 2 (6 nulls)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"id": [1, 2, 3], "score": [1.0, None, 3.0]}), tmp_path / "t.parquet")
+    ids = list(range(30))
+    table = pa.table({
+        "id": ids,
+        "score": [None if i % 3 == 1 else float(i) for i in ids],
+        "name": [None if i % 5 == 2 else f"n{i}" for i in ids],
+    })
+    root.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, root / "t.parquet", row_group_size=12)
+    return root / "t.parquet"
+
+
+_SCORES = sum(i for i in range(30) if i % 3 != 1) - 1.5 * 10  # nulls filled with -1.5
+_NAMES = [b"none" if i % 5 == 2 else f"n{i}".encode() for i in range(30)]
+
+
+def _filled_sums(d: userdata.Described) -> tuple[int, float, list[bytes]]:
+    ids, scores, names = 0, 0.0, []
+    for batch in userdata.ours_dataset(d):
+        ids += int(batch["id"].numpy().sum())
+        scores += float(batch["score"].numpy().sum())
+        names += list(batch["name"].numpy())
+    return ids, scores, names
+
+
+def test_nullable_columns_are_named_together_and_fill_makes_them_readable(tmp_path):
+    # a typical Spark table with nullable columns could not be benchmarked at all: the error
+    # named the first such column only, and bench had no way to fill them
+    _nullable(tmp_path)
     with pytest.raises(userdata.DataError) as info:
         userdata.describe(userdata.DataSpec(str(tmp_path)), "pull-parquet")
-    text = str(info.value)
-    assert "column 'score' has 1 null value(s)" in text, text
-    assert "dataplane bench cannot fill nulls: leave such columns out with --columns" in text, text
+    assert str(info.value) == (
+        f"{tmp_path}: column(s) with nulls, which TensorFlow tensors cannot hold: 'score' (10), "
+        f"'name' (6); give each a value with --fill score=0,name=, or leave them out with --columns")
+    spec = userdata.DataSpec(str(tmp_path), fill=userdata.parse_fill("score=-1.5, name=none"))
+    d = userdata.describe(spec, "pull-parquet")
+    assert spec.fill == {"score": -1.5, "name": "none"}  # typed by the columns' dtypes
+    assert d.schema_lines[1:] == ["score: double -> tf.float64 [] (nulls -> -1.5)",
+                                  "name: string -> tf.string [] (nulls -> 'none')"]
+    assert _filled_sums(d) == (sum(range(30)), _SCORES, _NAMES)
+    assert d.as_json()["fill"] == {"score": -1.5, "name": "none"}
+    # filling one leaves the other named
+    with pytest.raises(userdata.DataError, match=r"hold: 'name' \(6\); give each a value with --fill name=,"):
+        userdata.describe(userdata.DataSpec(str(tmp_path), fill={"score": "0"}), "pull-parquet")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("score", "--fill: 'score' is not COLUMN=VALUE; write e.g. rating=0"),
+    ("score=1,score=2", "--fill names column 'score' twice"),
+])
+def test_fill_text_that_is_not_column_value(text, message):
+    with pytest.raises(userdata.DataError, match=message):
+        userdata.parse_fill(text)
+
+
+@pytest.mark.parametrize("fill, message", [
+    ({"id": "1.5"}, "--fill id=1.5: column 'id' is int64, so its fill value must be an integer"),
+    ({"score": "high"}, "--fill score=high: column 'score' is float64, so its fill value must be a number"),
+    ({"nosuch": "0"}, "--fill: column 'nosuch' is not among the columns read (id, score, name)"),
+])
+def test_fill_values_that_do_not_fit(tmp_path, fill, message):
+    _nullable(tmp_path)
+    with pytest.raises(userdata.DataError) as info:
+        userdata.describe(userdata.DataSpec(str(tmp_path), fill=dict(fill)), "pull-parquet")
+    assert str(info.value) == message
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_fill_on_tfrecords_fills_absent_features_in_ours_and_in_tf_data(tmp_path):
+    import pyarrow.parquet as pq
+
+    from benchmarks.userdata_pull import _tfdata
+
+    write_tfrecords(pq.read_table(_nullable(tmp_path / "pq")), tmp_path / "rec", files=2)
+    url = str(tmp_path / "rec")
+    with pytest.raises(userdata.DataError) as info:
+        userdata.describe(userdata.DataSpec(url), "pull-tfrecord")
+    assert "(here: --fill score=0, or leave the column out with --columns)" in str(info.value)
+    d = userdata.describe(userdata.DataSpec(url, fill={"score": "-1.5", "name": "none"}), "pull-tfrecord")
+    assert _filled_sums(d) == (sum(range(30)), _SCORES, _NAMES)
+    # the tf.data peer parses absent features as the same values
+    got = [(b["id"].numpy(), b["score"].numpy(), list(b["name"].numpy()))
+           for b in _tfdata(d, parallel_reads=False)]
+    assert sum(int(i.sum()) for i, _, _ in got) == sum(range(30))
+    assert sum(float(s.sum()) for _, s, _ in got) == pytest.approx(_SCORES)
+    assert [n for _, _, ns in got for n in ns] == _NAMES
+
+
+@pytest.mark.cluster
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+def test_push_with_fill_gives_the_nodes_the_values(spark, tmp_path):
+    """The flight-push path's nodes read the pushed nulls with --fill's values (a node without
+    them refuses the first null)."""
+    from benchmarks.userdata_push import build
+
+    _nullable(tmp_path / "data")
+    d = userdata.describe(userdata.DataSpec(str(tmp_path / "data"), fill={"score": "0", "name": ""}), "push")
+    env = userdata.DataEnv(d, spark=spark, workdir=tmp_path / "work")
+    env.workdir.mkdir()
+    paths = {p.name: p for p in build(env)}
+    try:
+        assert paths["flight-push"].run() == 30
+    finally:
+        for p in paths.values():
+            if p.close is not None:
+                p.close()
+        env.release()
