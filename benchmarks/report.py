@@ -74,11 +74,13 @@ def markdown(doc: Any) -> str:
     for sc in scenarios:
         data = sc.get("data")
         if data:
+            files = data.get("files")
+            fills = ", ".join(f"{k} -> {v!r}" for k, v in (data.get("fill") or {}).items())
             lines.append(
-                f"Data: {data.get('url')} ({data.get('format')}, {data.get('files')} files, "
+                f"Data: {data.get('url')} ({data.get('format')}, {files} file{'' if files == 1 else 's'}, "
                 f"{data.get('rows', 0):,} of {data.get('total_rows', 0):,} rows, "
                 f"{data.get('row_bytes', 0):,} bytes a row as tensors; columns "
-                f"{', '.join(data.get('columns') or [])})"
+                f"{', '.join(data.get('columns') or [])}" + (f"; nulls filled: {fills}" if fills else "") + ")"
             )
             lines.append("")
     lines.append("| scenario | table | path | kind | rows | rows/s | MB/s | ours / this | ok |")

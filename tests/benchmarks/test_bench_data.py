@@ -334,9 +334,11 @@ def test_breakdown_renders_under_the_table():
     sc["breakdown"] = ladder(sc, "parquet", [Step("read", "r", stage="read"), Step("decode", "d", stage="decode"),
                                              Step("to_tf", "t")], waits=[0.5])
     text = report.markdown(sc)
-    assert "Data: /d (parquet, 1 files, 10 of 10 rows" in text
+    assert "Data: /d (parquet, 1 file, 10 of 10 rows" in text
     assert "read 0.200 s (20%), decode 0.500 s (50%), to_tf 0.300 s (30%) (sum 1.000 s)" in text
     assert "waited 0.500 s for input (50% of it)" in text
+    sc["data"].update(files=2, fill={"x": 0})
+    assert "Data: /d (parquet, 2 files, 10 of 10 rows, 4 bytes a row as tensors; columns x; nulls filled: x -> 0)" in report.markdown(sc)
 
 
 def test_image_table_has_48_kib_rows():
