@@ -459,10 +459,14 @@ class Cluster:
             except Exception:  # noqa: BLE001 - it may be dead already; heartbeat tells it too
                 unreachable.add(n.node_id)
         ids = set(self._control.registered_ids())
-        ok = self._control.wait_for(
-            lambda st: all(st[i].exited or time.monotonic() - st[i].last_seen > self._node_timeout for i in ids if i in st),
-            timeout,
-        )
+        def gone(st: Any) -> bool:  # told us it exited, went silent, or its process is gone
+            pid = _local_pid(st.registration)
+            return st.exited or time.monotonic() - st.last_seen > self._node_timeout or (
+                bool(pid) and not _alive(pid))
+
+        # a node killed outright never confirms: without the pid check shutdown waited the
+        # whole timeout for it
+        ok = self._control.wait_for(lambda st: all(gone(st[i]) for i in ids if i in st), timeout)
         if not ok:
             logger.warning("some nodes did not confirm their exit within %.0f s", timeout)
         self._reap_local(deadline=time.monotonic() + 10.0)

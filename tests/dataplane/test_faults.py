@@ -179,8 +179,11 @@ def test_a_node_killed_outright_is_named_as_gone_not_as_slow(spark):
     assert time.monotonic() - t0 < 10
     assert f"{victim.describe()}: its process exited without reporting an error" in text, text
     assert "out-of-memory killer" in text, text
+    t0 = time.monotonic()
     with pytest.raises(NodeError):
         cluster.shutdown(timeout=20)
+    # it waited the whole 20 s for the dead node to confirm its exit
+    assert time.monotonic() - t0 < 10
     assert node_processes(cluster.cluster_id) == []
 
 
