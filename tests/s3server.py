@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 __all__ = ["S3Server", "start_s3_server", "acquire_shared", "release_shared", "free_port"]
 
@@ -32,6 +34,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _server_ports(names: Sequence[str]) -> dict[str, int]:
+    """Distinct free ports below the kernel's ephemeral range. A port the kernel handed out
+    (``free_port``) is one it may hand again to any outgoing connection before the server binds
+    it, SeaweedFS's own among them: "bind: address already in use" on its gRPC port."""
+    rng = random.Random()
+    out: dict[str, int] = {}
+    while len(out) < len(names):
+        port = rng.randrange(15000, 32000)
+        if port in out.values():
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out[names[len(out)]] = port
+    return out
 
 
 @dataclass
@@ -144,9 +165,16 @@ def _wait_ready(server: S3Server, deadline: float) -> None:
         except OSError as exc:  # not up yet
             last = exc
         time.sleep(0.3)
-    log = server.log_path.read_text(errors="replace")[-3000:] if server.log_path else ""
+    log = server.log_path.read_text(errors="replace") if server.log_path else ""
     server.stop()
-    raise RuntimeError(f"SeaweedFS S3 did not accept a PUT in time (last error: {last}).\n{log}")
+    taken = [ln for ln in log.splitlines() if "address already in use" in ln]
+    if taken:
+        raise _PortTaken(f"SeaweedFS could not bind a port chosen for it: {taken[0]}")
+    raise RuntimeError(f"SeaweedFS S3 did not accept a PUT in time (last error: {last}).\n{log[-3000:]}")
+
+
+class _PortTaken(RuntimeError):
+    """SeaweedFS could not bind a port chosen for it (taken since it was chosen)."""
 
 
 def start_s3_server(workdir: Path, *, timeout: float = 60.0) -> S3Server:
@@ -161,7 +189,18 @@ def start_s3_server(workdir: Path, *, timeout: float = 60.0) -> S3Server:
         _wait_ready(server, time.monotonic() + timeout)
         return server
 
-    workdir = Path(workdir)
+    attempt = 1
+    while True:
+        try:
+            return _launch(Path(workdir), timeout)
+        except _PortTaken:
+            # a port taken between choosing and binding it: choose again (twice at most)
+            if attempt >= 3:
+                raise
+            attempt += 1
+
+
+def _launch(workdir: Path, timeout: float) -> S3Server:
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     config = workdir / "s3.json"
@@ -178,10 +217,10 @@ def start_s3_server(workdir: Path, *, timeout: float = 60.0) -> S3Server:
             }
         )
     )
-    ports = {k: free_port() for k in (
+    ports = _server_ports((
         "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc",
         "s3", "s3_grpc", "metrics",
-    )}
+    ))
     cmd = [
         _weed_binary(), f"-logdir={workdir}", "server",
         "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
