@@ -23,22 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["S3Server", "start_s3_server", "acquire_shared", "release_shared", "free_port"]
+__all__ = ["S3Server", "start_s3_server", "acquire_shared", "release_shared"]
 
 ACCESS_KEY = "dataplane-test-key"
 SECRET_KEY = "dataplane-test-secret-0123456789"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_ports(names: Sequence[str]) -> dict[str, int]:
     """Distinct free ports below the kernel's ephemeral range. A port the kernel handed out
-    (``free_port``) is one it may hand again to any outgoing connection before the server binds
+    (a bind to port 0) is one it may hand again to any outgoing connection before the server binds
     it, SeaweedFS's own among them: "bind: address already in use" on its gRPC port."""
     rng = random.Random()
     out: dict[str, int] = {}

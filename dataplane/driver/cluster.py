@@ -337,12 +337,6 @@ class Cluster:
                 f"says why).", node=node, remote_traceback="",
             ) from e
 
-    def _exited_here(self, node_id: int) -> bool:
-        """Whether node ``node_id`` ran on this machine and its process is gone."""
-        st = self._control.snapshot().get(node_id)
-        pid = _local_pid(st.registration) if st is not None else 0
-        return bool(pid) and not _alive(pid)
-
     def _node_failure(self, *, grace: float = 0.0, include_lost: bool = True) -> NodeError | None:
         """A NodeError for the first failed or lost node, or None when all are healthy."""
         deadline = time.monotonic() + grace
@@ -363,7 +357,7 @@ class Cluster:
                         f"{name}: main raised:\n{summary}" + (f"\n{fix}" if fix else ""),
                         node=info, remote_traceback=st.traceback,
                     ))
-                elif include_lost and not st.done and not st.exited and self._exited_here(nid):
+                elif include_lost and not st.done and not st.exited and _gone_here(st.registration):
                     # died without a word (killed, out of memory): its peers' collectives then
                     # fail too, and their errors would name them instead of the cause
                     return _died(name, info, self._peer_errors(snap, nid))
@@ -460,9 +454,8 @@ class Cluster:
                 unreachable.add(n.node_id)
         ids = set(self._control.registered_ids())
         def gone(st: Any) -> bool:  # told us it exited, went silent, or its process is gone
-            pid = _local_pid(st.registration)
-            return st.exited or time.monotonic() - st.last_seen > self._node_timeout or (
-                bool(pid) and not _alive(pid))
+            return (st.exited or time.monotonic() - st.last_seen > self._node_timeout
+                    or _gone_here(st.registration))
 
         # a node killed outright never confirms: without the pid check shutdown waited the
         # whole timeout for it
@@ -544,6 +537,12 @@ def _local_pid(registration: dict[str, Any]) -> int:
     here = registration.get("host") in {"127.0.0.1", "localhost", socket.gethostname()} or (
         registration.get("hostname") == socket.gethostname())
     return pid if here else 0
+
+
+def _gone_here(registration: dict[str, Any]) -> bool:
+    """Whether the node ran on this machine and its process is gone (killed, crashed)."""
+    pid = _local_pid(registration)
+    return bool(pid) and not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
