@@ -27,16 +27,29 @@ Closing: when the consumer's pass over an epoch ends (read to its limit, or left
 epoch is closed: what is queued is dropped and producers of it, waiting or new, get
 :class:`EpochClosed`, so the pushing tasks stop sending it instead of waiting for space that
 would never come.
+
+Abandoned passes: a pass left early ends when TensorFlow destroys its iterator, which closes
+the Python generator. An iterator caught in a reference cycle (the first ``evaluate(steps=k)``
+of a tf_keras model makes one) is destroyed only by Python's cyclic collector, which a node
+that then allocates little may not run for minutes, and the driver's ``train`` waited out
+``feed_timeout`` for that pass. So a pass over a split that begins while an earlier pass over
+the same split is still open ends that one (the program has moved on: passes over a split read
+its epochs in order), with exactly the rows it had handed to TensorFlow; and while the driver
+waits for a claimed epoch's pass to end, the node runs the collector now and then
+(:meth:`FeedBuffer.wait_closed`).
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
 import os
 import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
@@ -53,8 +66,20 @@ PARK_AFTER = 0.2  # seconds a pass must starve before another epoch's rows are p
 # A further pass that has waited this long for the driver's next train() call says so once in
 # the node's log (model.evaluate(ds) after fit reads a pass no train() call pushes).
 WAIT_HINT_AFTER = 30.0
+# While the driver waits for a claimed epoch's pass to end, the node runs Python's cyclic
+# collector after this many seconds and then at most this often (see "Abandoned passes").
+COLLECT_AFTER = 2.0
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    """One reader of a split: a pass, or a ``repeat=True`` stream of passes."""
+
+    split: str
+    repeat: bool
+    superseded: bool = False
 
 
 def _inner_nulls(col: pa.Array) -> int:
@@ -85,6 +110,10 @@ class FeedBuffer:
         self._stalled = 0  # producers waiting on a full buffer right now
         self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
+        self._waited_since: dict[int, float] = {}  # epoch -> when the driver began waiting for its pass
+        self._streams: dict[int, _Stream] = {}  # open readers (open_stream), by id
+        self._stream_ids = itertools.count(1)
+        self._last_collect = 0.0
         self.metrics: dict[str, Any] = {
             "rows_in": 0,
             "bytes_in": 0,
@@ -332,10 +361,31 @@ class FeedBuffer:
             with self._cond:
                 self.idle_waiters -= 1
 
+    def open_stream(self, split: str, *, repeat: bool) -> int:
+        """Register a reader of ``split`` (one pass, or a ``repeat=True`` stream of passes);
+        its claims name it. See :meth:`close_stream` and "Abandoned passes"."""
+        with self._cond:
+            sid = next(self._stream_ids)
+            self._streams[sid] = _Stream(split, repeat)
+            return sid
+
+    def close_stream(self, stream: int) -> bool:
+        """The reader has ended (its generator closed). False if it had already been
+        superseded by a newer reader of its split: then it must not skip announced epochs,
+        which are the newer reader's."""
+        with self._cond:
+            s = self._streams.pop(stream, None)
+            return s is not None and not s.superseded
+
     def claim_epoch(self, split: str = "train", timeout: float | None = None, *,
-                    skip_older: str | None = None) -> int | None:
+                    skip_older: str | None = None, stream: int | None = None) -> int | None:
         """The epoch the next pass over ``split`` reads: the oldest announced one no pass has
-        claimed. Waits for the driver to announce one; ``None`` if the node stops first.
+        claimed. Waits for the driver to announce one; ``None`` if the node stops first, or
+        if ``stream`` was superseded.
+
+        Passes over a split read its epochs in order, one at a time: a claim first ends every
+        other reader of the split that is still open (see :meth:`_supersede`), and every
+        older pass over it that is still open (see "Abandoned passes").
 
         ``skip_older``: another split whose unclaimed epochs announced before the claimed one
         (all of them, if the claim has to wait for the driver) are closed unread (see
@@ -345,15 +395,61 @@ class FeedBuffer:
         split) will not come back for it.
         """
         with self._cond:
+            me = None if stream is None else self._streams.get(stream)
+            if stream is not None and (me is None or me.superseded):
+                return None
+            self._supersede(split, keep=stream)
             if skip_older is not None and not self._announced.get(split):
                 self.skip_announced(skip_older)  # nothing left to train on in this call
-            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True,
-                               hint=lambda: self._waiting_hint(split)):
+            if not self._await(lambda: bool(self._announced.get(split)) or (me is not None and me.superseded),
+                               timeout, idle=True, hint=lambda: self._waiting_hint(split)):
+                return None
+            if me is not None and me.superseded:
                 return None
             epoch = self._announced[split].popleft()
+            ep = self._epochs[epoch]
+            ep.claimed, ep.stream = True, stream
+            self._end_abandoned(split, epoch)
             if skip_older is not None:
                 self.skip_announced(skip_older, before=epoch)
             return epoch
+
+    def _supersede(self, split: str, *, keep: int | None = None, repeat_only: bool = False) -> None:
+        """End the open readers of ``split`` other than ``keep`` (only ``repeat=True`` streams
+        if ``repeat_only``): a newer reader has begun, so their iterators were dropped, even
+        if not yet destroyed. Their open passes end as left early; a stream's announced epochs
+        are skipped, as its own end would have done (a ``repeat=True`` stream is the node's
+        whole feed of its split: a new reader waits for the driver's next epochs)."""
+        for sid, s in self._streams.items():
+            if s.split != split or sid == keep or s.superseded or (repeat_only and not s.repeat):
+                continue
+            s.superseded = True
+            claimed = [ep for ep in self._epochs.values() if ep.stream == sid]
+            for ep in claimed:
+                if not ep.finished:
+                    logger.info(
+                        "epoch %d (%s): its pass was left after %d row(s) and its iterator not "
+                        "yet destroyed; another reader of %r began, so that pass ends here",
+                        ep.info.epoch, split, ep.emitted, split,
+                    )
+                    self._finish(ep, ep.emitted, complete=False, failure=None)
+            if s.repeat:
+                self.skip_announced(split)
+                if split == "train" and claimed:
+                    self.skip_announced("validation", before=max(ep.info.epoch for ep in claimed))
+            self._cond.notify_all()
+
+    def _end_abandoned(self, split: str, before: int) -> None:
+        """End, as left early, every claimed pass over ``split`` older than ``before`` that is
+        still open: its iterator was dropped but not yet destroyed (see "Abandoned passes")."""
+        for ep in self._epochs.values():
+            if ep.info.split == split and ep.info.epoch < before and ep.claimed and not ep.finished:
+                logger.info(
+                    "epoch %d (%s): its pass was left after %d row(s) and its iterator not yet "
+                    "destroyed; a pass over epoch %d began, so that pass ends here",
+                    ep.info.epoch, split, ep.emitted, before,
+                )
+                self._finish(ep, ep.emitted, complete=False, failure=None)
 
     def _waiting_hint(self, split: str) -> str | None:
         """Why a pass may wait for nothing, if earlier passes read every pushed epoch (None on
@@ -386,9 +482,16 @@ class FeedBuffer:
             f"data. Read one pass per pushed epoch."
         )
 
-    def peek_epoch(self, split: str = "train", timeout: float | None = None) -> EpochInfo | None:
-        """The info of the epoch the next pass over ``split`` would claim (waits for one)."""
+    def peek_epoch(self, split: str = "train", timeout: float | None = None, *,
+                   new_reader: bool = False) -> EpochInfo | None:
+        """The info of the epoch the next pass over ``split`` would claim (waits for one).
+
+        ``new_reader``: a dataset over ``split`` is being built, so an open ``repeat=True``
+        stream over it was dropped (see :meth:`_supersede`): its epochs are not the new
+        dataset's."""
         with self._cond:
+            if new_reader:
+                self._supersede(split, repeat_only=True)
             if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True):
                 return None
             return self._epochs[self._announced[split][0]].info
@@ -439,13 +542,29 @@ class FeedBuffer:
 
     def wait_closed(self, epoch: int, timeout: float) -> None:
         """Block until ``epoch``'s pass has ended (or the consumer finished, or the node
-        stops), at most ``timeout`` seconds: the driver's long poll at the end of ``train``."""
+        stops), at most ``timeout`` seconds: the driver's long poll at the end of ``train``.
+
+        Once the driver has waited :data:`COLLECT_AFTER` seconds for a pass that began, the
+        node runs Python's cyclic collector (then at most every ``COLLECT_AFTER`` s), in a
+        thread of its own: a pass whose iterator the program dropped inside a reference cycle
+        ends only when the collector destroys it (see "Abandoned passes")."""
         def ended() -> bool:
             ep = self._epochs.get(epoch)
             return self._consumer_done or (ep is not None and ep.closed)
 
         with self._cond:
-            self._await(ended, timeout, idle=False)
+            if self._await(ended, timeout, idle=False):
+                self._waited_since.pop(epoch, None)
+                return
+            ep = self._epochs.get(epoch)
+            if ep is None or not ep.claimed:
+                return
+            now = time.monotonic()
+            since = self._waited_since.setdefault(epoch, now)
+            if now - since < COLLECT_AFTER or now - self._last_collect < COLLECT_AFTER:
+                return
+            self._last_collect = now
+        threading.Thread(target=gc.collect, name="dataplane-collect", daemon=True).start()
 
     def epoch_state(self, epoch: int) -> dict[str, Any]:
         """rows received, emitted, closed, complete (see ``feeders.protocol.EpochState``)."""
@@ -652,19 +771,44 @@ class FeedBuffer:
                      failure: str | None = None) -> None:
         """The consumer's pass over ``epoch`` has ended, having handed ``rows_out`` rows to
         TensorFlow; ``complete=False``: it was left early (the rest is refused from now on);
-        ``failure``: it ended with that error, which main is about to raise."""
+        ``failure``: it ended with that error, which main is about to raise. A no-op for a
+        pass already ended as abandoned (its generator closes later)."""
         with self._cond:
             ep = self._epochs.get(epoch)
+            if ep is not None and ep.finished:
+                return
             if ep is not None:
-                ep.emitted = rows_out
-                ep.complete = complete
-                ep.failure = failure
-                self._close(ep)
-                if not complete:
-                    self.metrics["epochs_left_early"] += 1
-            self.metrics["rows_out"] += rows_out
-            self.metrics["epochs_consumed"] += 1
+                self._finish(ep, rows_out, complete=complete, failure=failure)
+            else:
+                self.metrics["rows_out"] += rows_out
+                self.metrics["epochs_consumed"] += 1
             self._cond.notify_all()
+
+    def emit(self, epoch: int, rows: int) -> bool:
+        """Count ``rows`` of ``epoch`` as handed to TensorFlow, unless its pass has ended (then
+        False, and they must not be): the counts stay exact when an abandoned pass is ended
+        while its generator still runs."""
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            if ep is None:
+                return True
+            if ep.closed:
+                return False
+            ep.emitted += rows
+            return True
+
+    def _finish(self, ep: NodeEpoch, rows_out: int, *, complete: bool, failure: str | None) -> None:
+        ep.emitted = rows_out
+        ep.complete = complete
+        ep.failure = failure
+        ep.finished = True
+        self._close(ep)
+        if not complete:
+            self.metrics["epochs_left_early"] += 1
+        self.metrics["rows_out"] += rows_out
+        self.metrics["epochs_consumed"] += 1
+        self._waited_since.pop(ep.info.epoch, None)
+        self._cond.notify_all()
 
     def _close(self, ep: NodeEpoch) -> None:
         if ep.closed:

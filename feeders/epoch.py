@@ -131,6 +131,9 @@ class NodeEpoch:
     limit: int | None = None  # rows every worker yields this epoch (set by the driver)
     emitted: int = 0  # rows handed to TensorFlow
     closed: bool = False  # the consumer's pass has ended
+    claimed: bool = False  # a pass over it began (claim_epoch)
+    stream: int | None = None  # ... by this reader (FeedBuffer.open_stream)
+    finished: bool = False  # ... and ended: emitted, complete and failure are final
     ended_feed: bool = False  # ... closed because the node reads no more (consumer_finished)
     complete: bool = False  # ... by reaching the limit
     failure: str | None = None  # ... by an error (a batch that did not convert): main raises it

@@ -123,6 +123,8 @@ def iterate_epoch(
                 if buffer.stopped:  # a stop without drain (the driver is failing): end now
                     return
                 item = convert(table)  # counted once converted: a batch may fail to
+                if not buffer.emit(epoch, rows):  # this pass was ended as abandoned
+                    return
                 emitted += rows
                 yield item
             if final:
@@ -130,6 +132,8 @@ def iterate_epoch(
                 if tail > 0 and not drop_remainder:
                     table, pending = _take_rows(pending, tail)
                     item = convert(table)
+                    if not buffer.emit(epoch, tail):
+                        return
                     emitted += tail
                     yield item
                 complete = True
@@ -264,7 +268,7 @@ def push_dataset(
         )
     custom_claim = next_epoch
 
-    def claim(first: bool) -> int | None:
+    def claim(first: bool, stream: int) -> int | None:
         """The epoch a pass reads next (``first``: the pass's first). A training pass that
         starts closes the validation epochs it has passed unread (Keras
         ``fit(validation_freq=2)``: nothing comes back for them). Within a repeat=True stream
@@ -273,10 +277,10 @@ def push_dataset(
         if custom_claim is not None:
             return custom_claim()
         skip = "validation" if split == "train" and (first or not repeat) else None
-        return buffer.claim_epoch(split, skip_older=skip)
+        return buffer.claim_epoch(split, skip_older=skip, stream=stream)
 
     newest: list[int] = []  # the newest epoch a pass of this dataset claimed
-    info: EpochInfo | None = buffer.peek_epoch(split, first_epoch_timeout)
+    info: EpochInfo | None = buffer.peek_epoch(split, first_epoch_timeout, new_reader=True)
     if info is None:
         # the node stopped: a dataset built after the last pushed epoch (a loop that makes a
         # new ctx.dataset() per pass) is one whose passes end empty, so main goes on
@@ -305,8 +309,8 @@ def push_dataset(
     convert = _tensor_converter(specs)
     epoch_schema = info.schema
 
-    def one_epoch(first: bool = True) -> Iterator[dict[str, Any]] | None:
-        epoch = claim(first)
+    def one_epoch(stream: int, first: bool = True) -> Iterator[dict[str, Any]] | None:
+        epoch = claim(first, stream)
         if epoch is None:
             expected = repeat or custom_claim is not None or (reads_until_stop is not None and reads_until_stop())
             note = None if expected else buffer.ended_empty_note(split)
@@ -334,15 +338,19 @@ def push_dataset(
         )
 
     def generator() -> Iterator[dict[str, Any]]:
+        stream = buffer.open_stream(split, repeat=repeat)
         if not repeat:
-            items = one_epoch()
-            if items is not None:
-                yield from items
+            try:
+                items = one_epoch(stream)
+                if items is not None:
+                    yield from items
+            finally:
+                buffer.close_stream(stream)
             return
         try:
             first = True
             while True:
-                items = one_epoch(first)
+                items = one_epoch(stream, first)
                 first = False
                 if items is None:
                     return
@@ -350,10 +358,13 @@ def push_dataset(
         finally:
             # the stream was the node's feed: epochs pushed for it that it never reached
             # must not wait for a reader, nor validation epochs older than its last epoch
-            # (fit is done; a later evaluate reads the newest)
-            buffer.skip_announced(split)
-            if split == "train" and newest:
-                buffer.skip_announced("validation", before=newest[0])
+            # (fit is done; a later evaluate reads the newest); unless a newer reader of the
+            # split has begun since (then the buffer did that, and what is announced now is
+            # the newer reader's)
+            if buffer.close_stream(stream):
+                buffer.skip_announced(split)
+                if split == "train" and newest:
+                    buffer.skip_announced("validation", before=newest[0])
 
     per_item = _batches_per_item(specs, signature, int(batch_size))
     ds = generator_dataset(generator, signature)

@@ -7,6 +7,7 @@ scenario reads the pushed data with one consumption pattern and writes what the 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -50,6 +51,17 @@ def loops_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     import feeders
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ctx.num_workers > 1 else None
+    # Python's cyclic collector off: a pass whose iterator a program drops inside a reference
+    # cycle (tf_keras's first evaluate(steps=k) on TF 2.16 does) must end without it. With
+    # automatic collection on, that depended on when the collector happened to run.
+    gc.disable()
+    try:
+        _run_scenarios(args, ctx, strategy, tf, keras, feeders)
+    finally:
+        gc.enable()
+
+
+def _run_scenarios(args, ctx, strategy, tf, keras, feeders) -> None:  # type: ignore[no-untyped-def]
     for j, sc in enumerate(args["scenarios"]):
         pattern, epochs, k, bs = sc["pattern"], sc["epochs"], sc["k"], sc["batch_size"]
         seen = _Seen()
