@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -55,16 +54,19 @@ def quick_run(tmp_path_factory):
         "--rows", str(ROWS), "--mnist-rows", str(ROWS // 4),
         "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"),
     ]
-    before = _pymp_folders()
+    # a temp folder of its own, so that another suite running beside this one (.ci/test runs
+    # both stacks at once) cannot put its folders where this run's leftovers are looked for
+    tmp = out / "tmp"
+    tmp.mkdir()
     proc = subprocess.run(
-        cmd, cwd=out, env=_env(), capture_output=True, text=True, timeout=900,
+        cmd, cwd=out, env={**_env(), "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=900,
     )
-    return proc, out, _pymp_folders() - before
+    return proc, out, _pymp_folders(tmp)
 
 
-def _pymp_folders() -> set[str]:
+def _pymp_folders(tmp: Path) -> set[str]:
     """multiprocessing's temp folders (TFoS's managers listen on Unix sockets in them)."""
-    return {p.name for p in Path(tempfile.gettempdir()).glob("pymp-*")}
+    return {p.name for p in tmp.glob("pymp-*")}
 
 
 @pytest.mark.slow
