@@ -66,9 +66,13 @@ PARK_AFTER = 0.2  # seconds a pass must starve before another epoch's rows are p
 # A further pass that has waited this long for the driver's next train() call says so once in
 # the node's log (model.evaluate(ds) after fit reads a pass no train() call pushes).
 WAIT_HINT_AFTER = 30.0
-# While the driver waits for a claimed epoch's pass to end, the node runs Python's cyclic
-# collector after this many seconds and then at most this often (see "Abandoned passes").
+# While the driver waits for a claimed epoch's pass to end and that pass has neither taken nor
+# yielded rows for this many seconds, the node runs Python's cyclic collector; each further
+# collection for the same pass waits twice as long, up to COLLECT_MAX (see "Abandoned passes").
+# A full collection in a node with TensorFlow loaded took 160 ms (336k objects), all of it
+# holding the GIL.
 COLLECT_AFTER = 2.0
+COLLECT_MAX = 60.0
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +114,8 @@ class FeedBuffer:
         self._stalled = 0  # producers waiting on a full buffer right now
         self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
-        self._waited_since: dict[int, float] = {}  # epoch -> when the driver began waiting for its pass
+        # epoch -> (idle seconds before its next collection, when its last one ran)
+        self._collect_after: dict[int, tuple[float, float]] = {}
         self._streams: dict[int, _Stream] = {}  # open readers (open_stream), by id
         self._stream_ids = itertools.count(1)
         self._last_collect = 0.0
@@ -408,7 +413,7 @@ class FeedBuffer:
                 return None
             epoch = self._announced[split].popleft()
             ep = self._epochs[epoch]
-            ep.claimed, ep.stream = True, stream
+            ep.claimed, ep.stream, ep.last_move = True, stream, time.monotonic()
             self._end_abandoned(split, epoch)
             if skip_older is not None:
                 self.skip_announced(skip_older, before=epoch)
@@ -544,25 +549,26 @@ class FeedBuffer:
         """Block until ``epoch``'s pass has ended (or the consumer finished, or the node
         stops), at most ``timeout`` seconds: the driver's long poll at the end of ``train``.
 
-        Once the driver has waited :data:`COLLECT_AFTER` seconds for a pass that began, the
-        node runs Python's cyclic collector (then at most every ``COLLECT_AFTER`` s), in a
-        thread of its own: a pass whose iterator the program dropped inside a reference cycle
-        ends only when the collector destroys it (see "Abandoned passes")."""
+        A pass that began but has neither taken nor yielded rows for :data:`COLLECT_AFTER`
+        seconds may have been dropped inside a reference cycle, which only Python's cyclic
+        collector ends (see "Abandoned passes"): the node then runs it, in a thread of its own,
+        and waits twice as long (up to :data:`COLLECT_MAX`) before doing so again for that
+        pass, since a slow consumer looks the same."""
         def ended() -> bool:
             ep = self._epochs.get(epoch)
             return self._consumer_done or (ep is not None and ep.closed)
 
         with self._cond:
             if self._await(ended, timeout, idle=False):
-                self._waited_since.pop(epoch, None)
                 return
             ep = self._epochs.get(epoch)
             if ep is None or not ep.claimed:
                 return
             now = time.monotonic()
-            since = self._waited_since.setdefault(epoch, now)
-            if now - since < COLLECT_AFTER or now - self._last_collect < COLLECT_AFTER:
+            wait, last = self._collect_after.get(epoch, (COLLECT_AFTER, 0.0))
+            if now - max(ep.last_move, last) < wait or now - self._last_collect < COLLECT_AFTER:
                 return
+            self._collect_after[epoch] = (min(2 * wait, COLLECT_MAX), now)
             self._last_collect = now
         threading.Thread(target=gc.collect, name="dataplane-collect", daemon=True).start()
 
@@ -752,6 +758,7 @@ class FeedBuffer:
             if ep.parked is not None and ep.parked.rows:
                 out += ep.parked.pop()  # parked after everything queued: order is kept
             self.metrics["rows_taken"] += sum(b.num_rows for b in out)
+            ep.last_move = time.monotonic()
             ep.queue.clear()
             self._bytes -= ep.queued_bytes
             ep.queued_bytes = 0
@@ -795,6 +802,7 @@ class FeedBuffer:
             if ep.closed:
                 return False
             ep.emitted += rows
+            ep.last_move = time.monotonic()
             return True
 
     def _finish(self, ep: NodeEpoch, rows_out: int, *, complete: bool, failure: str | None) -> None:
@@ -807,7 +815,7 @@ class FeedBuffer:
             self.metrics["epochs_left_early"] += 1
         self.metrics["rows_out"] += rows_out
         self.metrics["epochs_consumed"] += 1
-        self._waited_since.pop(ep.info.epoch, None)
+        self._collect_after.pop(ep.info.epoch, None)
         self._cond.notify_all()
 
     def _close(self, ep: NodeEpoch) -> None:

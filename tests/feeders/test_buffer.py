@@ -511,3 +511,33 @@ def test_a_repeat_stream_dropped_inside_a_cycle_leaves_nothing_for_the_next_data
     gc.collect()  # the old stream's own end now skips nothing of the new reader's
     assert live_iterators() == 0
     assert buf.snapshot() == m and {e: buf.epoch_state(e) for e in range(3)} == states
+
+
+def test_the_collector_runs_for_an_idle_pass_only_and_less_often_each_time(monkeypatch):
+    # a full collection with TensorFlow loaded holds the GIL for ~160 ms: a pass that is being
+    # read must not pay for it, and a slow consumer (which looks idle) only rarely
+    import types
+
+    import feeders.buffer as fb
+
+    runs: list[float] = []
+    monkeypatch.setattr(fb, "gc", types.SimpleNamespace(collect=lambda: runs.append(time.monotonic())))
+    monkeypatch.setattr(fb, "COLLECT_AFTER", 0.1)
+    monkeypatch.setattr(fb, "COLLECT_MAX", 0.4)
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "train")
+    assert buf.claim_epoch("train") == 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.0:  # read all along: one item every 20 ms
+        buf.emit(0, 1)
+        buf.wait_closed(0, 0.02)
+    assert runs == []
+    buf.finish_epoch(0, 50)
+    assert buf.claim_epoch("train") == 1
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.6:  # never read: after 0.1 s idle, then 0.2, 0.4, 0.4, ...
+        buf.wait_closed(1, 0.02)
+    time.sleep(0.1)  # the collections run in threads of their own
+    gaps = [b - a for a, b in zip([t0] + runs, runs)]
+    assert 2 <= len(runs) <= 5, gaps  # every 0.1 s would be 16
+    assert all(g >= want - 0.01 for g, want in zip(gaps, [0.1, 0.2, 0.4, 0.4, 0.4])), gaps
