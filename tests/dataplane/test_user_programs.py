@@ -26,6 +26,9 @@ from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 pytestmark = pytest.mark.cluster
 
 FEED_TIMEOUT = 60.0
+# A call that wedges fails with feed_timeout's error; one that stalls and goes on takes long.
+# Calls took up to 32 s with both stacks' suites running at once on 2 cores (2026-11-28).
+RETURNS_WITHIN = 0.75 * FEED_TIMEOUT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +209,7 @@ def test_mwms_fit_on_repeated_cached_shuffled_splits_with_validation_steps(spark
         before = _rows_out(cluster)
         t0 = time.monotonic()
         report = cluster.train(df, 3, FEED_TIMEOUT, cache=True, shuffle=True, seed=3, validation=val)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert time.monotonic() - t0 < RETURNS_WITHIN
         assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
         assert report.spark_jobs == 2
         handed = _balanced(cluster, report, before)
@@ -243,7 +246,7 @@ def test_mwms_fit_on_tf_data_repeat_with_validation_steps(spark, tmp_path):
         before = _rows_out(cluster)
         t0 = time.monotonic()
         report = cluster.train(df, 3, FEED_TIMEOUT, validation=val)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert time.monotonic() - t0 < RETURNS_WITHIN
         assert report.rows_per_split == {"train": 3 * rows, "validation": 3 * val_rows}
         handed = _balanced(cluster, report, before)
         _check_fit_steps(tmp_path, workers, handed, rows=rows, val_rows=val_rows, bs=bs, k=k, j=j)
@@ -267,7 +270,7 @@ def test_two_trains_cached_then_uncached_then_inference(spark, tmp_path):
             before = _rows_out(cluster)
             t0 = time.monotonic()
             report = cluster.train(df, 2, FEED_TIMEOUT, cache=cache, shuffle=cache, seed=1)
-            assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+            assert time.monotonic() - t0 < RETURNS_WITHIN
             assert report.rows == 2 * rows and report.spark_jobs == (1 if cache else 2), report
             handed = _balanced(cluster, report, before)
             assert report.rows_unconsumed == {}, report
@@ -334,7 +337,7 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
         before = _rows_out(cluster)
         t0 = time.monotonic()
         report = cluster.train(_frame(spark, 0, rows, 2), 3, FEED_TIMEOUT, cache=True)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert time.monotonic() - t0 < RETURNS_WITHIN
         handed = _balanced(cluster, report, before)
         seen = {n: wait_json(tmp_path / f"node{n}-s{len(frames)}.json") for n in workers}
         _full_epochs(seen, workers, "train", range(rows), 1)
@@ -363,7 +366,7 @@ def test_tensorflow_cache_over_the_feed_reads_one_pushed_epoch(spark, tmp_path):
         before = _rows_out(cluster)
         t0 = time.monotonic()
         report = cluster.train(_frame(spark, 0, rows, 3), 3, FEED_TIMEOUT)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert time.monotonic() - t0 < RETURNS_WITHIN
         handed = _balanced(cluster, report, before)
         seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
         _full_epochs(seen, workers, "train", range(rows), 1)
@@ -391,7 +394,7 @@ def _one_split_read(spark, tmp_path, pattern: str, rows: int, val_rows: int, **t
         t0 = time.monotonic()
         report = cluster.train(_frame(spark, 0, rows, 2), 2, FEED_TIMEOUT,
                                validation=_frame(spark, 100_000, val_rows, 2), **train_kw)
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert time.monotonic() - t0 < RETURNS_WITHIN
         handed = _balanced(cluster, report, before)
         seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
     finally:
@@ -447,7 +450,7 @@ def test_big_rows_tiny_buffer_everything_spilled(spark, tmp_path):
         t0 = time.monotonic()
         report = cluster.train(big(0, rows, 4), 3, FEED_TIMEOUT, cache=True, shuffle=True, seed=5,
                                validation=big(1000, val_rows, 2))
-        assert time.monotonic() - t0 < FEED_TIMEOUT / 2
+        assert time.monotonic() - t0 < RETURNS_WITHIN
         assert report.rows == 3 * (rows + val_rows) and report.spark_jobs == 2
         handed = _balanced(cluster, report, before)
         assert report.rows_unconsumed == {}
