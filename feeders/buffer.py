@@ -431,13 +431,7 @@ class FeedBuffer:
             s.superseded = True
             claimed = [ep for ep in self._epochs.values() if ep.stream == sid]
             for ep in claimed:
-                if not ep.finished:
-                    logger.info(
-                        "epoch %d (%s): its pass was left after %d row(s) and its iterator not "
-                        "yet destroyed; another reader of %r began, so that pass ends here",
-                        ep.info.epoch, split, ep.emitted, split,
-                    )
-                    self._finish(ep, ep.emitted, complete=False, failure=None)
+                self._end_left(ep, f"another reader of {split!r} began")
             if s.repeat:
                 self.skip_announced(split)
                 if split == "train" and claimed:
@@ -448,13 +442,16 @@ class FeedBuffer:
         """End, as left early, every claimed pass over ``split`` older than ``before`` that is
         still open: its iterator was dropped but not yet destroyed (see "Abandoned passes")."""
         for ep in self._epochs.values():
-            if ep.info.split == split and ep.info.epoch < before and ep.claimed and not ep.finished:
-                logger.info(
-                    "epoch %d (%s): its pass was left after %d row(s) and its iterator not yet "
-                    "destroyed; a pass over epoch %d began, so that pass ends here",
-                    ep.info.epoch, split, ep.emitted, before,
-                )
-                self._finish(ep, ep.emitted, complete=False, failure=None)
+            if ep.info.split == split and ep.info.epoch < before and ep.claimed:
+                self._end_left(ep, f"a pass over epoch {before} began")
+
+    def _end_left(self, ep: NodeEpoch, why: str) -> None:
+        """End ``ep``'s open pass as left early with the rows it has yielded (no-op if ended)."""
+        if ep.finished:
+            return
+        logger.info("epoch %d (%s): its pass was left after %d row(s) and its iterator not yet "
+                    "destroyed; %s, so that pass ends here", ep.info.epoch, ep.info.split, ep.emitted, why)
+        self._finish(ep, ep.emitted, complete=False, failure=None)
 
     def _waiting_hint(self, split: str) -> str | None:
         """Why a pass may wait for nothing, if earlier passes read every pushed epoch (None on
