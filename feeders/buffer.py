@@ -425,9 +425,13 @@ class FeedBuffer:
         if not yet destroyed. Their open passes end as left early; a stream's announced epochs
         are skipped, as its own end would have done (a ``repeat=True`` stream is the node's
         whole feed of its split: a new reader waits for the driver's next epochs)."""
-        for sid, s in self._streams.items():
-            if s.split != split or sid == keep or s.superseded or (repeat_only and not s.repeat):
-                continue
+        ended = [sid for sid, s in self._streams.items()
+                 if s.split == split and sid != keep and not (repeat_only and not s.repeat)]
+        for sid in ended:
+            # Out of the registry now: a dropped iterator that is never destroyed must not
+            # keep its entry for the rest of the run; its reader holds the object and sees
+            # ``superseded``, and close_stream of an unknown id skips nothing.
+            s = self._streams.pop(sid)
             s.superseded = True
             claimed = [ep for ep in self._epochs.values() if ep.stream == sid]
             for ep in claimed:
@@ -812,13 +816,13 @@ class FeedBuffer:
             self.metrics["epochs_left_early"] += 1
         self.metrics["rows_out"] += rows_out
         self.metrics["epochs_consumed"] += 1
-        self._collect_after.pop(ep.info.epoch, None)
         self._cond.notify_all()
 
     def _close(self, ep: NodeEpoch) -> None:
         if ep.closed:
             return
         ep.closed = True
+        self._collect_after.pop(ep.info.epoch, None)
         self._bytes -= ep.queued_bytes
         ep.queued_bytes = 0
         ep.queue.clear()

@@ -508,6 +508,9 @@ def test_a_repeat_stream_dropped_inside_a_cycle_leaves_nothing_for_the_next_data
         time.sleep(0.05)
     assert len(ends) == 3, ends  # no push is left waiting for a reader (some may be parked)
     m = buf.snapshot()
+    # the superseded stream left the registry when it was superseded, not when (if ever) its
+    # iterator is destroyed: over a long run, dropped readers must not pile up
+    assert buf._streams == {}
     gc.collect()  # the old stream's own end now skips nothing of the new reader's
     assert live_iterators() == 0
     assert buf.snapshot() == m and {e: buf.epoch_state(e) for e in range(3)} == states
@@ -541,3 +544,6 @@ def test_the_collector_runs_for_an_idle_pass_only_and_less_often_each_time(monke
     gaps = [b - a for a, b in zip([t0] + runs, runs)]
     assert 2 <= len(runs) <= 5, gaps  # every 0.1 s would be 16
     assert all(g >= want - 0.01 for g, want in zip(gaps, [0.1, 0.2, 0.4, 0.4, 0.4])), gaps
+    assert set(buf._collect_after) == {1}
+    buf.consumer_finished()  # closes the pass without finishing it: its schedule goes too
+    assert buf._collect_after == {}
