@@ -329,6 +329,7 @@ class PartitionInferrer:
             if begun:
                 writer.done_writing()
             writer.close()
+            writer = None
         except flight.FlightError as e:
             # a node that answered with predict's error (or a misfit answer) needs no guess
             # about dead nodes or lazy DataFrames; one that is gone or stopping does
@@ -337,6 +338,15 @@ class PartitionInferrer:
                 f"inference of partition {part} on node {node_id} at {loc} failed: "
                 f"{flight_message(e)}" + ("" if answered else f". {_INFER_HINT}")
             ) from e
+        finally:
+            if writer is not None:
+                # closed here, after a failure or an early stop (a limit()), or Arrow prints
+                # "Close() failed: IOError: <the node's error>" to the task's stderr when
+                # the writer is collected, once more for every retry of the task
+                try:
+                    writer.close()
+                except flight.FlightError:
+                    pass
 
 
 def _first_overflow(before: pa.Array, after: pa.Array) -> float | None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 import pytest
+from pyspark.errors import PythonException
 
 import dataplane
 from dataplane.errors import ClusterStateError, NodeError, SchemaError
@@ -163,6 +165,20 @@ CASES = [
          ("passthrough column 'nope'", "['id', 'f', 'g']")),
     Case(INF, "columns-not-a-column", _infer(columns=["f", "zz"]), SchemaError,
          ("column 'zz' is not in the DataFrame",)),
+    # what only the rows show fails the action on the lazy output, as Spark reports a task's
+    # error; the message is the node's, naming the column and the fix
+    Case(INF, "null-in-a-feature",
+         _infer("SELECT id, IF(id = 150, NULL, CAST(id AS FLOAT)) AS f, CAST(id AS DOUBLE) AS g "
+                "FROM range(0, 200, 1, 2)", output_schema=pa.schema([("y", pa.float32())])),
+         PythonException, ("partition 1", "node 0", "column 'f' has 1 null value(s)", "df.fillna({'f': 0})",
+                          "df.na.drop(subset=['f'])"), stage="action", within=120,
+         after=_still_trains),
+    # ... unless the probe that learns predict's output columns meets it first: then the call
+    Case(INF, "null-in-a-feature-of-the-probe-rows",
+         _infer("SELECT id, IF(id = 1, NULL, CAST(id AS FLOAT)) AS f, CAST(id AS DOUBLE) AS g "
+                "FROM range(0, 200, 1, 2)"),
+         dataplane.FeedError, ("probe batch", "column 'f' has 1 null value(s)", "df.fillna({'f': 0})"),
+         within=60, after=_still_trains),
 ]
 
 
