@@ -94,6 +94,13 @@ def read_frame(spark: Any, d: Any) -> Any:
         import formats
 
         df = formats.read_tfrecords(spark, d.spec.url)
+    if d.format == "parquet" and d.plan.hive:
+        # Spark infers a partition key of small integers as int32; our readers (and the s3://
+        # branch above) give int64, as formats.hive documents: one type wherever the files live
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        df = df.withColumns({f.name: df[f.name].cast(from_arrow_type(f.type))
+                             for f in d.plan.hive.fields if f.name in cols})
     df = df.select(*cols)
     if d.spec.limit is not None and d.spec.limit < d.total_rows:
         parts = df.rdd.getNumPartitions()

@@ -213,8 +213,8 @@ def test_push_reads_s3_parquet_with_spark_tasks(s3, spark, monkeypatch):
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 def test_push_reads_partitioned_parquet_through_a_glob(s3, spark, tmp_path, monkeypatch):
     """``bench push --data 'dir/day=*'`` on data written with partitionBy: the frame has the
-    ``day`` column with each row's value, locally (Spark's reader, told the base path) and on
-    S3 (our tasks reading the files)."""
+    ``day`` column with each row's value and the same type (int64, as our readers give it),
+    locally (Spark's reader, told the base path) and on S3 (our tasks reading the files)."""
     from benchmarks.userdata_push import read_frame
 
     out = tmp_path / "parted"
@@ -230,6 +230,8 @@ def test_push_reads_partitioned_parquet_through_a_glob(s3, spark, tmp_path, monk
         try:
             assert df.columns == ["id", "day"], url
             assert sorted((r.id, r.day) for r in df.collect()) == [(i, i % 3) for i in range(90)], url
+            # one type wherever the files live: Spark's own reader says int32 for small keys
+            assert dict(df.dtypes) == {"id": "bigint", "day": "bigint"}, url
         finally:
             df.unpersist()
 
