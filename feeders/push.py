@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -120,70 +120,79 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
         except flight.FlightError as e:
             raise _error(p, s, e) from e
         streams.append(s)
-    total = 0
-    counts = [0] * w
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        if not batch.schema.equals(p.schema, check_metadata=False):
-            # same columns, different nullability flags: relabel so the stream is uniform
-            batch = pa.RecordBatch.from_arrays(batch.columns, schema=p.schema)
-        total += batch.num_rows
-        targets = split_counts(total, w, p.partition)
-        offset = 0
-        for k, s in enumerate(streams):
-            size = targets[k] - counts[k]
-            counts[k] = targets[k]
-            if size:
-                if s.open:
-                    s.pending = deque(_chunks(batch.slice(offset, size), p.chunk_bytes))
-                else:
-                    s.refused += size
-            offset += size
-        seen = encode_seen(total)
-        # one chunk per worker in turn: no worker gets ahead of another by more than a chunk
-        while True:
-            wrote = False
-            for s in streams:
-                if not s.pending:
-                    continue
-                chunk = s.pending.popleft()
-                wrote = True
-                if not s.open:
-                    s.refused += chunk.num_rows
-                    continue
-                try:
-                    s.writer.write_with_metadata(chunk, pa.py_buffer(seen))
-                except flight.FlightError as e:
-                    _refused_or_raise(p, s, e)
-                    s.refused += chunk.num_rows + sum(c.num_rows for c in s.pending)
-                    s.pending.clear()
-                    continue
-                s.sent += chunk.num_rows
-                s.bytes += chunk.nbytes
-            if not wrote:
-                break
-    # End every stream before waiting for any reply: a node still taking the last chunks into
-    # a full buffer must not hold back the end of the other workers' streams.
-    final = pa.py_buffer(encode_seen(total))
-    for s in streams:
-        if not s.open:
-            continue
-        try:
-            s.writer.write_metadata(final)
-            s.writer.done_writing()
-        except flight.FlightError as e:
-            _refused_or_raise(p, s, e)
-    for s in streams:
-        if not s.open:
-            continue
-        try:
-            buf = s.meta.read()
-            if buf is not None:
-                s.accepted = PutReply.decode(buf.to_pybytes()).accepted
-            s.writer.close()
-        except flight.FlightError as e:
-            _refused_or_raise(p, s, e)
+    try:
+        total = 0
+        counts = [0] * w
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if not batch.schema.equals(p.schema, check_metadata=False):
+                # same columns, different nullability flags: relabel so the stream is uniform
+                batch = pa.RecordBatch.from_arrays(batch.columns, schema=p.schema)
+            total += batch.num_rows
+            targets = split_counts(total, w, p.partition)
+            offset = 0
+            for k, s in enumerate(streams):
+                size = targets[k] - counts[k]
+                counts[k] = targets[k]
+                if size:
+                    if s.open:
+                        s.pending = deque(_chunks(batch.slice(offset, size), p.chunk_bytes))
+                    else:
+                        s.refused += size
+                offset += size
+            seen = encode_seen(total)
+            # one chunk per worker in turn: no worker gets ahead of another by more than a chunk
+            while True:
+                wrote = False
+                for s in streams:
+                    if not s.pending:
+                        continue
+                    chunk = s.pending.popleft()
+                    wrote = True
+                    if not s.open:
+                        s.refused += chunk.num_rows
+                        continue
+                    try:
+                        s.writer.write_with_metadata(chunk, pa.py_buffer(seen))
+                    except flight.FlightError as e:
+                        _refused_or_raise(p, s, e)
+                        s.refused += chunk.num_rows + sum(c.num_rows for c in s.pending)
+                        s.pending.clear()
+                        continue
+                    s.sent += chunk.num_rows
+                    s.bytes += chunk.nbytes
+                if not wrote:
+                    break
+        # End every stream before waiting for any reply: a node still taking the last chunks into
+        # a full buffer must not hold back the end of the other workers' streams.
+        final = pa.py_buffer(encode_seen(total))
+        for s in streams:
+            if not s.open:
+                continue
+            try:
+                s.writer.write_metadata(final)
+                s.writer.done_writing()
+            except flight.FlightError as e:
+                _refused_or_raise(p, s, e)
+        for s in streams:
+            if not s.open:
+                continue
+            try:
+                buf = s.meta.read()
+                if buf is not None:
+                    s.accepted = PutReply.decode(buf.to_pybytes()).accepted
+                s.writer.close()
+            except flight.FlightError as e:
+                _refused_or_raise(p, s, e)
+    except BaseException:
+        # the task failed or was cancelled (a failed or interrupted train() call): close the
+        # streams here, or Arrow prints "Close() failed: IOError: <the node's refusal>" on
+        # the task's stderr for each one when they are collected
+        for s in streams:
+            if s.open:
+                _close_quietly(s.writer)
+        raise
     return [(p.partition, p.attempt, s.node, s.sent, s.accepted, s.refused, s.bytes, int(s.was_refused))
             for s in streams]
 
@@ -202,11 +211,21 @@ def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
     if why is not None and why.ends_stream_only:
         s.open = False
         s.was_refused = True
+        _close_quietly(s.writer)
         return
     if why is Refusal.SCHEMA:
         detail = text[text.index(why.value) + len(why.value):].strip().splitlines()[0]
         raise SchemaError(f"{detail} (pushed to node {s.node})") from None
     raise _error(p, s, e) from e
+
+
+def _close_quietly(writer: Any) -> None:
+    """Close a stream the node has refused or failed: left to the garbage collector, Arrow
+    prints "Close() failed: IOError: <the node's message>" on the task's stderr."""
+    try:
+        writer.close()
+    except (flight.FlightError, pa.ArrowException):
+        pass
 
 
 def _error(p: _Push, s: _Stream, e: Exception) -> FeedError:
@@ -339,14 +358,8 @@ class PartitionInferrer:
                 f"{flight_message(e)}" + ("" if answered else f". {_INFER_HINT}")
             ) from e
         finally:
-            if writer is not None:
-                # closed here, after a failure or an early stop (a limit()), or Arrow prints
-                # "Close() failed: IOError: <the node's error>" to the task's stderr when
-                # the writer is collected, once more for every retry of the task
-                try:
-                    writer.close()
-                except flight.FlightError:
-                    pass
+            if writer is not None:  # a failure or an early stop (a limit()): once per retry
+                _close_quietly(writer)
 
 
 def _first_overflow(before: pa.Array, after: pa.Array) -> float | None:
