@@ -55,11 +55,12 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from feeders.cache import EpochCache
-from feeders.epoch import ConsumerFinished, EpochClosed, EpochInfo, FeedStopped, NodeEpoch, ParkedRows
+from feeders.epoch import (ConsumerFinished, EpochClosed, EpochInfo, EpochWithdrawn, FeedStopped, NodeEpoch,
+                           ParkedRows)
 from formats.errors import FeedError, SchemaError
 from formats.schema import fill_example, list_levels, same_columns, schema_text
 
-__all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed"]
+__all__ = ["FeedBuffer", "EpochInfo", "FeedStopped", "ConsumerFinished", "EpochClosed", "EpochWithdrawn"]
 
 
 PARK_AFTER = 0.2  # seconds a pass must starve before another epoch's rows are parked
@@ -184,7 +185,7 @@ class FeedBuffer:
                 while True:
                     if self._stopped:
                         return
-                    waiting = sorted(e for e, o in self._epochs.items() if o.feeding)
+                    waiting = sorted(e for e, o in self._epochs.items() if o.feeding and not o.held)
                     if waiting:
                         ep = self._epochs[waiting[0]]
                         cache = self._caches.get(ep.info.replay or "")
@@ -406,7 +407,7 @@ class FeedBuffer:
             self._supersede(split, keep=stream)
             if skip_older is not None and not self._announced.get(split):
                 self.skip_announced(skip_older)  # nothing left to train on in this call
-            if not self._await(lambda: bool(self._announced.get(split)) or (me is not None and me.superseded),
+            if not self._await(lambda: self._claimable(split) or (me is not None and me.superseded),
                                timeout, idle=True, hint=lambda: self._waiting_hint(split)):
                 return None
             if me is not None and me.superseded:
@@ -460,7 +461,7 @@ class FeedBuffer:
     def _waiting_hint(self, split: str) -> str | None:
         """Why a pass may wait for nothing, if earlier passes read every pushed epoch (None on
         the first pass: waiting for the first train() call is normal)."""
-        read = sum(1 for ep in self._epochs.values() if ep.info.split == split)
+        read = sum(1 for ep in self._epochs.values() if ep.info.split == split and not ep.withdrawn)
         if not read:
             return None
         return (
@@ -477,7 +478,7 @@ class FeedBuffer:
         """Why a pass over ``split`` that found no epoch before the node stopped got nothing,
         if earlier passes read every epoch pushed (None when none was: nothing was pushed)."""
         with self._cond:
-            read = sum(1 for ep in self._epochs.values() if ep.info.split == split)
+            read = sum(1 for ep in self._epochs.values() if ep.info.split == split and not ep.withdrawn)
         if not read or not self._stopped:
             return None
         return (
@@ -498,9 +499,57 @@ class FeedBuffer:
         with self._cond:
             if new_reader:
                 self._supersede(split, repeat_only=True)
-            if not self._await(lambda: bool(self._announced.get(split)), timeout, idle=True):
+            if not self._await(lambda: self._claimable(split), timeout, idle=True):
                 return None
             return self._epochs[self._announced[split][0]].info
+
+    def _claimable(self, split: str) -> bool:
+        """An announced epoch of ``split`` waits for a pass, and is not held."""
+        q = self._announced.get(split)
+        return bool(q) and not self._epochs[q[0]].held
+
+    def hold_epochs(self, epochs: list[int]) -> list[int]:
+        """Hold those of ``epochs`` whose pass, if one has claimed it, has yielded no row yet:
+        until :meth:`release_epochs`, none is claimed, taken from or replayed into. Returns
+        the epochs held.
+
+        A ``train()`` call that fails (or is interrupted) takes back the epochs it announced
+        and has not finished: an epoch no worker has yielded a row of is withdrawn, so main's
+        pass reads the next call's data instead of an empty or partial epoch (a Keras ``fit``
+        stops on an empty one; a pass that had claimed it goes on with the next epoch). Under
+        MultiWorkerMirroredStrategy it may be withdrawn only if no worker has yielded from
+        it, hence hold first on every node, then release."""
+        with self._cond:
+            held = []
+            for e in epochs:
+                ep = self._epochs.get(e)
+                if ep is None or ep.closed or ep.finished:
+                    continue
+                if ep.claimed:
+                    if ep.emitted:
+                        continue
+                elif e not in (self._announced.get(ep.info.split) or ()):
+                    continue
+                ep.held = True
+                held.append(e)
+            return held
+
+    def release_epochs(self, epochs: list[int], *, withdraw: bool) -> None:
+        """Release held ``epochs``: ``withdraw`` closes them unread and forgets them (their
+        rows, if any came, count as never pushed); otherwise they are claimable again."""
+        with self._cond:
+            for e in epochs:
+                ep = self._epochs.get(e)
+                if ep is None or not ep.held:
+                    continue
+                ep.held = False
+                if withdraw:
+                    q = self._announced.get(ep.info.split) or deque()
+                    self._announced[ep.info.split] = deque(x for x in q if x != e)
+                    ep.withdrawn = ep.finished = True  # a pass over it goes on to the next epoch
+                    ep.feeding = False
+                    self._close(ep)
+            self._cond.notify_all()
 
     def last_epoch_info(self, split: str = "train") -> EpochInfo | None:
         """The info of the newest epoch of ``split`` the driver announced (None if none)."""
@@ -743,13 +792,15 @@ class FeedBuffer:
                 while True:
                     if self._stopped:
                         raise FeedStopped("the node is shutting down")
+                    if ep.withdrawn:
+                        raise EpochWithdrawn(f"epoch {epoch} was taken back by a failed train() call")
                     if ep.closed:
                         # the node ended its feed (ctx.end_feed, TFoS's terminate) while this
                         # pass was open: its queued rows are dropped, so the pass ends here
                         # rather than finding fewer rows than the driver's limit
                         raise FeedStopped(f"epoch {epoch} was closed: the node ended its feed")
-                    if ep.queue or (ep.parked is not None and ep.parked.rows) or (
-                            ep.limit is not None and not ep.feeding):
+                    if not ep.held and (ep.queue or (ep.parked is not None and ep.parked.rows) or (
+                            ep.limit is not None and not ep.feeding)):
                         break
                     self._starving.setdefault(epoch, time.monotonic())
                     self._cond.wait(0.2)

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from feeders.cache import EpochCache
 
-__all__ = ["FeedStopped", "ConsumerFinished", "EpochClosed", "EpochInfo", "NodeEpoch", "ParkedRows"]
+__all__ = ["FeedStopped", "ConsumerFinished", "EpochClosed", "EpochWithdrawn", "EpochInfo", "NodeEpoch",
+           "ParkedRows"]
 
 
 class FeedStopped(Exception):
@@ -29,6 +30,11 @@ class ConsumerFinished(Exception):
 
 class EpochClosed(Exception):
     """The node's pass over this epoch has ended; the rest of the epoch is not wanted."""
+
+
+class EpochWithdrawn(Exception):
+    """A failed ``train()`` call took this epoch back before the pass over it yielded a row:
+    the pass reads the next epoch instead (see ``FeedBuffer.hold_epochs``)."""
 
 
 @dataclass
@@ -139,5 +145,7 @@ class NodeEpoch:
     complete: bool = False  # ... by reaching the limit
     failure: str | None = None  # ... by an error (a batch that did not convert): main raises it
     feeding: bool = False  # rows are still being replayed from the cache
+    held: bool = False  # no pass may claim it, no replay feed it (FeedBuffer.hold_epochs)
+    withdrawn: bool = False  # a failed train() call took it back unread (release_epochs)
     cache: EpochCache | None = None  # recording into it
     parked: ParkedRows | None = None  # rows set aside while another pass starved

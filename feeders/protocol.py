@@ -131,6 +131,9 @@ class Action(str, enum.Enum):
     METRICS = "metrics"
     SHUTDOWN = "shutdown"  # {"now"}: stop; now (shutdown(drain=False), Ctrl-C): main gets 1 s, not stop_grace
     DROP_CACHE = "drop_cache"  # {"cache"}: forget a cached DataFrame, remove its spill files
+    # a failed train() call takes back its unfinished epochs no worker has begun:
+    HOLD_EPOCHS = "hold_epochs"  # {"epochs"} -> {"held": the epochs no pass has claimed, now held}
+    RELEASE_EPOCHS = "release_epochs"  # {"epochs", "withdraw"}: withdraw them, or let them be read
 
 
 class Refusal(str, enum.Enum):

@@ -14,13 +14,13 @@ keep (see ``FeedBuffer.take``): all but one row per partition it has seen.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from formats.errors import FeedError, SchemaError
-from feeders.buffer import EpochInfo, FeedBuffer, FeedStopped
+from feeders.buffer import EpochInfo, EpochWithdrawn, FeedBuffer, FeedStopped
 from feeders.elements import LABELS_HINT
 from feeders.generator import generator_dataset
 from formats.schema import (
@@ -67,8 +67,10 @@ def iterate_epoch(
     convert: Callable[[pa.Table], Any],
     batches_per_item: int = 1,
     shuffle_bytes: int | None = None,
-) -> Iterator[Any]:
-    """Yield converted batches of one epoch; returns when the epoch's limit is reached.
+) -> Generator[Any, None, bool | None]:
+    """Yield converted batches of one epoch; returns when the epoch's limit is reached, and
+    True, having yielded nothing, if a failed ``train()`` call took the epoch back (then the
+    caller's pass goes on with the next epoch).
 
     With ``batches_per_item > 1`` an item holds up to that many whole batches (whatever is
     safe to emit already), for ``Dataset.rebatch(batch_size)`` to cut: every item but the
@@ -140,6 +142,8 @@ def iterate_epoch(
                 return
     except FeedStopped:
         return
+    except EpochWithdrawn:
+        return True  # the caller's pass goes on with the next epoch
     except Exception as e:
         # (a row that does not convert): the driver's train() then waits for main's error
         # instead of counting the pass as left early
@@ -341,20 +345,20 @@ def push_dataset(
         stream = buffer.open_stream(split, repeat=repeat)
         if not repeat:
             try:
-                items = one_epoch(stream)
-                if items is not None:
-                    yield from items
+                while True:  # one epoch, or the next if a failed train() call took it back
+                    items = one_epoch(stream)
+                    if items is None or (yield from items) is not True:
+                        return
             finally:
                 buffer.close_stream(stream)
-            return
         try:
             first = True
             while True:
                 items = one_epoch(stream, first)
-                first = False
                 if items is None:
                     return
-                yield from items
+                if (yield from items) is not True:
+                    first = False
         finally:
             # the stream was the node's feed: epochs pushed for it that it never reached
             # must not wait for a reader, nor validation epochs older than its last epoch

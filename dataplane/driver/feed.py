@@ -92,6 +92,7 @@ class _EpochBooks:
     reading: set[int] = field(default_factory=set)  # nodes told the limit
     balance: bool = True  # every reading worker yields the same rows (MWMS needs it)
     ending: list[Any] = field(default_factory=list)  # (node, future) of the END_EPOCH actions
+    withdrawn: bool = False  # a failed call took it back before any worker yielded from it (Feeder._abort)
 
 
 @dataclass
@@ -160,16 +161,26 @@ def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> li
     return list(dict.fromkeys(notes))
 
 
-def _failed_call_note(err: BaseException, cut: Sequence[int]) -> str:
+def _epochs_text(epochs: Sequence[int]) -> str:
+    return f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
+
+
+def _failed_call_note(err: BaseException, cut: Sequence[int], withdrawn: Sequence[int]) -> str:
     """Why a main that fails after a failed train() call may have failed: that call's
-    unfinished epochs were ended with what had arrived (see ``Feeder._abort``)."""
+    unfinished epochs that a worker had begun were ended with what had arrived; the others
+    were withdrawn (see ``Feeder._abort``)."""
     reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-    which = f"epoch {cut[0]}" if len(cut) == 1 else f"epochs {cut[0]}-{cut[-1]}"
+    told = [f"an earlier train() call failed ({reason})"]
+    if cut:
+        told.append(
+            f"its {_epochs_text(cut)} ended early with only the rows that had arrived, "
+            f"possibly none (a Keras fit stops or fails on an empty epoch)"
+        )
+    if withdrawn:
+        told.append(f"its {_epochs_text(withdrawn)}, which no worker had begun, were withdrawn")
     return (
-        f"an earlier train() call failed ({reason}), so its {which} ended early with only "
-        f"the rows that had arrived, possibly none (a Keras fit stops or fails on an empty "
-        f"epoch). A main cannot pick up a failed call's training where it stopped: fix the "
-        f"cause and start a new cluster (dataplane.run) for the next try."
+        "; ".join(told) + ". A main that failed cannot pick up the training where it stopped: "
+        "fix the cause and start a new cluster (dataplane.run) for the next try."
     )
 
 
@@ -377,10 +388,17 @@ class Feeder:
             try:
                 self._run_epochs(books, report, clock, progress, t0)
             except BaseException as e:
-                cut = [ep.epoch for ep in books if ep.limit is None]
+                # a cache this call was recording holds only the rows that arrived: replaying
+                # it in a later call with the same DataFrame would lose the rest, silently
+                unfinished = {ep.split for ep in books if ep.record is not None and ep.limit is None}
+                aborted = {ep.epoch for ep in books if ep.limit is None}
                 self._abort(books)
-                if isinstance(e, Exception) and not isinstance(e, NodeError) and cut:
-                    self.notes = DataNotes(failed_call=_failed_call_note(e, cut))
+                for name in unfinished:
+                    self._drop_cache(self._caches.pop(name))
+                cut = [ep.epoch for ep in books if ep.epoch in aborted and not ep.withdrawn]
+                gone = [ep.epoch for ep in books if ep.withdrawn]
+                if isinstance(e, Exception) and not isinstance(e, NodeError) and (cut or gone):
+                    self.notes = DataNotes(failed_call=_failed_call_note(e, cut, gone))
                 raise
             self._settle(books, report, clock)
         except NodeError as e:
@@ -394,11 +412,47 @@ class Feeder:
         return report
 
     def _abort(self, books: list[_EpochBooks]) -> None:
-        """A push failed: end every epoch of the call that has no limit yet, with the rows
-        that did arrive, so the nodes' readers finish (equally on every worker) and the
-        cluster stays usable for the next call."""
-        for ep in books:
-            if ep.limit is not None:
+        """A push failed (or the call was interrupted): take back every epoch of the call
+        that has no limit yet and that no worker has begun (``withdrawn``), so main's next
+        pass reads the next call's data, not an empty epoch (a Keras fit would stop on it);
+        end the others with the rows that did arrive, so the nodes' readers finish (equally
+        on every worker) and the cluster stays usable for the next call.
+
+        Taking back is in two steps, since under MWMS an epoch may only go if no worker has
+        begun it: each node holds the epochs its passes have yielded nothing of (none can be
+        claimed or read while held), then every node withdraws those held everywhere and
+        releases the rest."""
+        unfinished = [ep for ep in books if ep.limit is None]
+        if not unfinished:
+            return
+        held: dict[int, set[int]] = {}
+        nodes: list[NodeInfo] = []
+        try:
+            live = {n.node_id for n in self._live_workers()}
+            nodes = [n for n in unfinished[0].workers if n.node_id in live]
+            numbers = [ep.epoch for ep in unfinished]
+            held = {nid: set(r["held"]) for nid, r in
+                    self._each(nodes, Action.HOLD_EPOCHS, lambda n: {"epochs": numbers}).items()}
+            for ep in unfinished:
+                ep.withdrawn = bool(nodes) and all(ep.epoch in held[n.node_id] for n in nodes)
+            gone = {ep.epoch for ep in unfinished if ep.withdrawn}
+            self._each(nodes, Action.RELEASE_EPOCHS,
+                       lambda n: {"epochs": sorted(held[n.node_id] & gone), "withdraw": True})
+            self._each(nodes, Action.RELEASE_EPOCHS,
+                       lambda n: {"epochs": sorted(held[n.node_id] - gone), "withdraw": False})
+        except BaseException as e:  # noqa: BLE001 - the original error is what the user needs
+            logger.warning("could not take back the unbegun epochs of a failed push: %s", e)
+            for ep in unfinished:
+                ep.withdrawn = False
+            try:  # a held epoch blocks every pass over its split: let them all be read again
+                self._each([n for n in nodes if held.get(n.node_id)], Action.RELEASE_EPOCHS,
+                           lambda n: {"epochs": sorted(held[n.node_id]), "withdraw": False})
+            except Exception:  # noqa: BLE001 - ended below, or the node is gone
+                pass
+            if not isinstance(e, Exception):  # a second Ctrl-C
+                raise
+        for ep in unfinished:
+            if ep.withdrawn:
                 continue
             try:
                 live = {n.node_id for n in self._live_workers()}

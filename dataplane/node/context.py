@@ -101,11 +101,19 @@ class NodeContext:
         early). Waits for the driver to push one; ``None`` once the node is stopping."""
         from feeders.source import iterate_epoch
 
-        epoch = self._buffer.claim_epoch()
-        if epoch is None or self._buffer.wait_epoch_info(epoch) is None:
-            return None
-        return iterate_epoch(self._buffer, epoch, batch_size=rows, num_workers=self.num_workers,
-                             drop_remainder=False, convert=convert)
+        def claim() -> int | None:
+            epoch = self._buffer.claim_epoch()
+            return None if epoch is None or self._buffer.wait_epoch_info(epoch) is None else epoch
+
+        def read(epoch: int | None) -> Iterator[Any]:
+            while epoch is not None:  # the next epoch if a failed train() call took this back
+                if (yield from iterate_epoch(self._buffer, epoch, batch_size=rows, num_workers=self.num_workers,
+                                             drop_remainder=False, convert=convert)) is not True:
+                    return
+                epoch = claim()
+
+        first = claim()
+        return None if first is None else read(first)
 
     def end_feed(self) -> None:
         """This node will read no more pushed rows: refuse later pushes, drop what waits.

@@ -192,6 +192,11 @@ class NodeServer(flight.FlightServerBase):
         if name is Action.DROP_CACHE:
             self.buffer.drop_cache(str(body["cache"]))
             return json_result({"ok": True})
+        if name is Action.HOLD_EPOCHS:
+            return json_result({"held": self.buffer.hold_epochs([int(e) for e in body["epochs"]])})
+        if name is Action.RELEASE_EPOCHS:
+            self.buffer.release_epochs([int(e) for e in body["epochs"]], withdraw=bool(body["withdraw"]))
+            return json_result({"ok": True})
         if name is Action.END_EPOCH:
             self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
             return json_result({"ok": True})

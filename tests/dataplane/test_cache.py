@@ -170,3 +170,53 @@ def test_the_same_seed_replays_the_same_orders_whatever_order_partitions_arrived
         assert sorted(orders[0][e]) == sorted(orders[1][e]) == list(range(1200)), e
     assert orders[0][1:] == orders[1][1:]  # the replayed epochs: the seed decides
     assert orders[0][1] != orders[0][2]  # and each epoch has its own order
+
+
+def test_ctrl_c_while_recording_then_the_same_call_again_records_anew(spark, tmp_path):
+    """A notebook user presses Ctrl-C while a cached call records its first epoch, then runs
+    the cell again. The cache holds only the rows that arrived, so the next call with the
+    same DataFrame must record it again (before: it replayed the partial cache, every epoch
+    short, silently); the interrupted call's later epochs, which no pass had begun, are
+    taken back, so main's next passes read the next call's epochs, whole."""
+    import _thread
+    import threading
+
+    from pyspark.sql import functions as F
+
+    @F.udf("int")
+    def slow_label(i):  # type: ignore[no-untyped-def]
+        time.sleep(0.002)  # a push of ~4 s, so Ctrl-C lands inside it
+        return i % 2
+
+    scenarios = [{"epochs": 3, "batch_size": 16}]
+    cluster = dataplane.run(spark, cache_main, {"dir": str(tmp_path), "scenarios": scenarios},
+                            num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df = _frame(spark, 0, ROWS, 4).withColumn("label", slow_label("id"))
+
+        def ctrl_c_once_rows_arrive() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if all(m["rows_in"] > 0 for m in cluster.metrics().values()):
+                    break
+                time.sleep(0.05)
+            _thread.interrupt_main()
+
+        threading.Thread(target=ctrl_c_once_rows_arrive, daemon=True).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.train(df, 3, cache=True, feed_timeout=120)
+        assert time.monotonic() - t0 < 60
+        report = cluster.train(df, 2, cache=True, feed_timeout=120)
+        assert report.spark_jobs == 1 and report.rows == 2 * ROWS, report
+        assert sum(report.rows_unconsumed.values()) == 0 and report.dropped_for_balance == 0, report
+        seen = [wait_json(tmp_path / f"node{n}-s0.json", 60)["train"] for n in range(2)]
+        assert [len(s) for s in seen] == [3, 3], [[len(p) for p in s] for s in seen]
+        # the interrupted epoch: what had arrived, the same number of rows on both workers
+        assert len(seen[0][0]) == len(seen[1][0]) < ROWS // 2, [len(s[0]) for s in seen]
+        for p in (1, 2):  # the next call's epochs, every row once across the workers
+            assert sorted(seen[0][p] + seen[1][p]) == list(range(ROWS)), p
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)

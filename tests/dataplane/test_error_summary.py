@@ -222,3 +222,20 @@ def test_ragged_columns_are_named_with_their_lengths_and_the_way_to_find_the_row
     both = NodeError("node 0: main raised:\nValueError: ragged", remote_traceback="")
     DataNotes(failed_call="an earlier train() call failed (x).", empty=["no rows."], ragged=[first]).add_to(both)
     assert str(both).endswith(f"The data may be why: an earlier train() call failed (x). no rows. {first}")
+
+
+def test_the_failed_call_note_tells_cut_epochs_from_withdrawn_ones():
+    from dataplane.driver.feed import _failed_call_note
+
+    err = ValueError("pushing epoch 4 failed: PythonException: no price for id 350\n  (traceback)")
+    both = _failed_call_note(err, [4], [5, 6])
+    assert both == (
+        "an earlier train() call failed (pushing epoch 4 failed: PythonException: no price for id "
+        "350); its epoch 4 ended early with only the rows that had arrived, possibly none (a Keras "
+        "fit stops or fails on an empty epoch); its epochs 5-6, which no worker had begun, were "
+        "withdrawn. A main that failed cannot pick up the training where it stopped: fix the cause "
+        "and start a new cluster (dataplane.run) for the next try."
+    )
+    only_gone = _failed_call_note(KeyboardInterrupt(), [], [7])
+    assert only_gone.startswith("an earlier train() call failed (KeyboardInterrupt); its epoch 7, which no")
+    assert "ended early" not in only_gone

@@ -660,44 +660,99 @@ def test_main_from_a_module_the_executors_get_with_add_py_file(spark, tmp_path):
 def _keras_fit_main(args, ctx):  # type: ignore[no-untyped-def]
     import tf_keras as keras
 
+    class Steps(keras.callbacks.Callback):  # batches per epoch, written when fit returns
+        def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+            self.steps = getattr(self, "steps", []) + [0]
+
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            self.steps[-1] += 1
+
     model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    model.fit(ctx.dataset(32, features="f", label="g"), epochs=args["epochs"], verbose=0)
+    steps = Steps()
+    model.fit(ctx.dataset(32, features="f", label="g"), epochs=args["epochs"], verbose=0, callbacks=[steps])
+    with open(os.path.join(args["dir"], f"steps{ctx.node_id}.json"), "w") as f:
+        json.dump(steps.steps, f)
 
 
-def test_a_keras_fit_after_a_train_call_whose_dataframe_failed(spark):
+def test_a_keras_fit_carries_on_after_a_train_call_whose_dataframe_failed(spark, tmp_path):
     """A DataFrame whose rows a Python UDF computes, failing on one row (a bad record): train
-    says what the UDF raised, not PySpark's header line. Its later epochs end empty, so the
-    node's Keras fit stops early ("ran out of data") and main returns; the next call says
-    so and why, and what to do."""
+    says what the UDF raised, not PySpark's header line. The epoch being pushed ends with the
+    rows that had arrived; the call's later epochs, which no pass had begun, are taken back,
+    so the node's Keras fit waits for the next call instead of stopping on empty epochs, and
+    the user's next call, with the data fixed, trains its remaining epochs."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import FloatType
 
+    begun = tmp_path / "fit-has-begun"
+
     def price(i):  # type: ignore[no-untyped-def]
-        if i == 350:
+        if i == 350:  # once fit has trained on some rows (else the epoch is taken back too)
+            deadline = time.monotonic() + 60
+            while not begun.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise ValueError(f"no price for id {i}")
         return float(i)
 
     df = spark.range(0, 400, 1, 2).select(
         F.udf(price, FloatType())("id").alias("f"), F.col("id").cast("float").alias("g"))
-    cluster = dataplane.run(spark, _keras_fit_main, {"epochs": 3}, num_nodes=1)
+    cluster = dataplane.run(spark, _keras_fit_main, {"epochs": 3, "dir": str(tmp_path)}, num_nodes=1)
     pids = [n.pid for n in cluster.nodes]
+
+    def mark_begun() -> None:
+        deadline = time.monotonic() + 60
+        while cluster.metrics()[0]["rows_taken"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # taken from the buffer; now handed to fit in batches
+        begun.touch()
+
     try:
+        threading.Thread(target=mark_begun, daemon=True).start()
         t0 = time.monotonic()
         with pytest.raises(dataplane.FeedError) as info:
             cluster.train(df, 3, feed_timeout=FEED_TIMEOUT)
         assert "failed: PythonException: ValueError: no price for id 350" in str(info.value), str(info.value)
-        assert time.monotonic() - t0 < 30
-        deadline = time.monotonic() + 60
-        while cluster._live_workers() and time.monotonic() < deadline:  # the driver heard main end
-            time.sleep(0.2)
+        assert begun.exists() and time.monotonic() - t0 < 60
+        time.sleep(2)
+        assert [n.node_id for n in cluster._live_workers()] == [0]  # fit is waiting, not over
+        report = cluster.train(df.where("g < 300"), 2, feed_timeout=FEED_TIMEOUT)
+        assert report.rows == 600 and report.spark_jobs == 2
+        steps = wait_json(tmp_path / "steps0.json", RETURNS_WITHIN)
+        # epoch 0 had only the rows that arrived (up to all 200 of partition 0 and 150 of
+        # partition 1: 1-11 batches); tf_keras takes the first epoch's steps as every later
+        # epoch's (a dataset of unknown length), so epochs 1-2 read at most that many
+        assert len(steps) == 3 and 1 <= steps[0] <= 11, steps
+        assert steps[1] == steps[2] == min(steps[0], 10), steps
+        # handed to TensorFlow: what fit trained on, plus what tf.data had prefetched
+        handed = report.rows - sum(report.rows_unconsumed.values())
+        assert 2 * min(300, 32 * steps[1]) <= handed <= 600, (report, steps)
+    finally:
+        _stop(cluster, pids)
+
+
+def test_a_keras_fit_begun_on_a_call_that_delivered_nothing_trains_on_the_next(spark, tmp_path):
+    """Every row of the first call's DataFrame fails (a UDF that cannot work): fit's first
+    pass had begun and yielded nothing. That epoch is taken back too, the pass goes on with
+    the next call's first epoch, and fit trains its 2 epochs whole (before: its first epoch
+    ended empty and fit stopped, so main returned and the next call had no reader)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import FloatType
+
+    def broken(i):  # type: ignore[no-untyped-def]
+        raise KeyError(f"no column for {i}")
+
+    bad = spark.range(0, 400, 1, 2).select(
+        F.udf(broken, FloatType())("id").alias("f"), F.col("id").cast("float").alias("g"))
+    good = spark.range(0, 320, 1, 2).selectExpr("CAST(id AS FLOAT) AS f", "CAST(id AS FLOAT) AS g")
+    cluster = dataplane.run(spark, _keras_fit_main, {"epochs": 2, "dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
         with pytest.raises(dataplane.FeedError) as info:
-            cluster.train(df.where("g < 300"), 1, feed_timeout=FEED_TIMEOUT)
-        text = str(info.value)
-        assert "every chief and worker's main has returned" in text, text
-        assert "an earlier train() call failed (pushing epoch 0 failed: PythonException: " \
-            "ValueError: no price for id 350), so its epochs 0-2 ended early" in text, text
-        assert "start a new cluster (dataplane.run)" in text, text
+            cluster.train(bad, 3, feed_timeout=FEED_TIMEOUT)
+        assert "KeyError: 'no column for 0'" in str(info.value) or "no column for" in str(info.value), info.value
+        report = cluster.train(good, 2, feed_timeout=FEED_TIMEOUT)
+        assert report.rows == 640 and sum(report.rows_unconsumed.values()) == 0, report
+        assert wait_json(tmp_path / "steps0.json", RETURNS_WITHIN) == [10, 10]
     finally:
         _stop(cluster, pids)
 

@@ -547,3 +547,53 @@ def test_the_collector_runs_for_an_idle_pass_only_and_less_often_each_time(monke
     assert set(buf._collect_after) == {1}
     buf.consumer_finished()  # closes the pass without finishing it: its schedule goes too
     assert buf._collect_after == {}
+
+
+def _push(buf: FeedBuffer, epoch: int, start: int, stop: int) -> None:
+    buf.put_stream(epoch, 0, _batches(start, stop, 10))
+    buf.end_epoch(epoch, stop - start)
+
+
+def test_a_failed_call_takes_back_its_epochs_no_pass_has_yielded_from():
+    # train(df, 3) fails while pushing epoch 0: the pass over it has begun and yielded
+    # nothing yet, epochs 1-2 are not claimed. All three go; the pass, still open, goes on
+    # with the next call's epoch 3 and reads it whole; nothing counts as left early
+    from feeders.source import push_dataset
+
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "train", "train")
+    buf.put_stream(0, 0, _batches(0, 5, 5))  # fewer rows than a batch: nothing yielded
+    ds = push_dataset(buf, batch_size=8, num_workers=1, features="id")
+    got: list[int] = []
+    reader = threading.Thread(target=lambda: got.extend(int(i) for b in ds for i in b.numpy()))
+    reader.start()
+    deadline = time.monotonic() + 10
+    while not buf._epochs[0].claimed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert buf.hold_epochs([0, 1, 2]) == [0, 1, 2]
+    buf.release_epochs([0, 1, 2], withdraw=True)
+    assert [buf.epoch_state(e)["closed"] for e in range(3)] == [True] * 3
+    buf.begin_epoch(EpochInfo(3, SCHEMA))  # the next call
+    _push(buf, 3, 100, 120)
+    reader.join(10)
+    assert not reader.is_alive() and got == list(range(100, 120))
+    m = buf.snapshot()
+    assert (m["rows_out"], m["epochs_consumed"], m["epochs_left_early"]) == (20, 1, 0), m
+
+
+def test_an_epoch_a_pass_has_yielded_from_is_not_held_and_a_released_one_is_read():
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "train")
+    buf.put_stream(0, 0, _batches(0, 20, 10))
+    assert buf.claim_epoch("train") == 0
+    it = iterate_epoch(buf, 0, batch_size=8, num_workers=1, drop_remainder=False,
+                       convert=lambda t: t.column("id").to_pylist())
+    assert next(it) == list(range(8))
+    assert buf.hold_epochs([0, 1]) == [1]  # epoch 0 has given a batch to TensorFlow
+    # while held, epoch 1 cannot be claimed: a pass waits (here: gives up after 0.3 s)
+    assert buf.claim_epoch("train", timeout=0.3) is None
+    buf.release_epochs([1], withdraw=False)  # held on this node, begun on another: kept
+    buf.end_epoch(0, 20)
+    assert next(it) == list(range(8, 16)) and list(it) == [list(range(16, 20))]
+    _push(buf, 1, 50, 60)
+    assert buf.claim_epoch("train", timeout=5) == 1 and _drain(buf, 1) == list(range(50, 60))
