@@ -846,11 +846,19 @@ class FeedBuffer:
     def emit(self, epoch: int, rows: int) -> bool:
         """Count ``rows`` of ``epoch`` as handed to TensorFlow, unless its pass has ended (then
         False, and they must not be): the counts stay exact when an abandoned pass is ended
-        while its generator still runs."""
+        while its generator still runs.
+
+        Waits while the epoch is held (:meth:`hold_epochs` found nothing yielded, and a pass
+        that took rows before the hold must not yield them before the driver decides), and
+        raises :class:`EpochWithdrawn` if it was then withdrawn."""
         with self._cond:
             ep = self._epochs.get(epoch)
             if ep is None:
                 return True
+            while ep.held and not self._stopped:
+                self._cond.wait(0.2)
+            if ep.withdrawn:
+                raise EpochWithdrawn(f"epoch {epoch} was taken back by a failed train() call")
             if ep.closed:
                 return False
             ep.emitted += rows

@@ -597,3 +597,33 @@ def test_an_epoch_a_pass_has_yielded_from_is_not_held_and_a_released_one_is_read
     assert next(it) == list(range(8, 16)) and list(it) == [list(range(16, 20))]
     _push(buf, 1, 50, 60)
     assert buf.claim_epoch("train", timeout=5) == 1 and _drain(buf, 1) == list(range(50, 60))
+
+
+def test_rows_a_pass_took_before_the_hold_are_not_yielded_from_a_withdrawn_epoch():
+    # the pass had taken rows (nothing yielded yet) when the driver's hold came: its emit
+    # waits for the driver's decision instead of yielding, and the withdrawal ends it
+    from feeders.buffer import EpochWithdrawn
+
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train")
+    buf.put_stream(0, 0, _batches(0, 20, 10))
+    assert buf.claim_epoch("train") == 0
+    batches, _, _ = buf.take(0)
+    assert sum(b.num_rows for b in batches) == 20
+    assert buf.hold_epochs([0]) == [0]
+    out: list = []
+
+    def emit() -> None:
+        try:
+            out.append(buf.emit(0, 8))
+        except EpochWithdrawn as e:
+            out.append(e)
+
+    t = threading.Thread(target=emit)
+    t.start()
+    time.sleep(0.3)
+    assert out == [] and buf.epoch_state(0)["emitted"] == 0  # waiting, not yielded
+    buf.release_epochs([0], withdraw=True)
+    t.join(5)
+    assert len(out) == 1 and isinstance(out[0], EpochWithdrawn), out
+    assert buf.epoch_state(0)["emitted"] == 0 and buf.snapshot()["rows_out"] == 0
