@@ -183,9 +183,17 @@ def test_ctrl_c_while_recording_then_the_same_call_again_records_anew(spark, tmp
 
     from pyspark.sql import functions as F
 
+    go = tmp_path / "go"
+    gate = str(go)
+
     @F.udf("int")
-    def slow_label(i):  # type: ignore[no-untyped-def]
-        time.sleep(0.002)  # a push of ~4 s, so Ctrl-C lands inside it
+    def gated_label(i):  # type: ignore[no-untyped-def]
+        # the last partition's rows wait until Ctrl-C has landed, so it always lands inside
+        # the push (a fixed slow-down let a busy machine deliver it after the push had ended)
+        if i >= ROWS * 3 // 4:
+            deadline = time.time() + 60
+            while not os.path.exists(gate) and time.time() < deadline:
+                time.sleep(0.01)
         return i % 2
 
     scenarios = [{"epochs": 3, "batch_size": 16}]
@@ -193,7 +201,7 @@ def test_ctrl_c_while_recording_then_the_same_call_again_records_anew(spark, tmp
                             num_nodes=2)
     pids = [n.pid for n in cluster.nodes]
     try:
-        df = _frame(spark, 0, ROWS, 4).withColumn("label", slow_label("id"))
+        df = _frame(spark, 0, ROWS, 4).withColumn("label", gated_label("id"))
 
         def ctrl_c_once_rows_arrive() -> None:
             deadline = time.monotonic() + 120
@@ -207,11 +215,13 @@ def test_ctrl_c_while_recording_then_the_same_call_again_records_anew(spark, tmp
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             cluster.train(df, 3, cache=True, feed_timeout=120)
+        go.touch()
         assert time.monotonic() - t0 < 60
         report = cluster.train(df, 2, cache=True, feed_timeout=120)
         assert report.spark_jobs == 1 and report.rows == 2 * ROWS, report
         assert sum(report.rows_unconsumed.values()) == 0 and report.dropped_for_balance == 0, report
     finally:
+        go.touch()
         cluster.shutdown(timeout=30)  # main's third pass ends here if the cut epoch went too
         wait_gone(pids, 30)
     seen = [wait_json(tmp_path / f"node{n}-s0.json", 10)["train"] for n in range(2)]
