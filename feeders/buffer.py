@@ -50,7 +50,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -534,16 +534,18 @@ class FeedBuffer:
                 held.append(e)
             return held
 
-    def release_epochs(self, epochs: list[int], *, withdraw: bool) -> None:
-        """Release held ``epochs``: ``withdraw`` closes them unread and forgets them (their
-        rows, if any came, count as never pushed); otherwise they are claimable again."""
+    def release_epochs(self, *, withdraw: Iterable[int] = (), keep: Iterable[int] = ()) -> None:
+        """Release held epochs, all at once: those in ``withdraw`` are closed unread and
+        forgotten (their rows, if any came, count as never pushed); those in ``keep`` are
+        claimable again."""
+        gone = set(withdraw)
         with self._cond:
-            for e in epochs:
+            for e in sorted(gone | set(keep)):
                 ep = self._epochs.get(e)
                 if ep is None or not ep.held:
                     continue
                 ep.held = False
-                if withdraw:
+                if e in gone:
                     q = self._announced.get(ep.info.split) or deque()
                     self._announced[ep.info.split] = deque(x for x in q if x != e)
                     ep.withdrawn = ep.finished = True  # a pass over it goes on to the next epoch
@@ -793,7 +795,7 @@ class FeedBuffer:
                     if self._stopped:
                         raise FeedStopped("the node is shutting down")
                     if ep.withdrawn:
-                        raise EpochWithdrawn(f"epoch {epoch} was taken back by a failed train() call")
+                        raise EpochWithdrawn(epoch)
                     if ep.closed:
                         # the node ended its feed (ctx.end_feed, TFoS's terminate) while this
                         # pass was open: its queued rows are dropped, so the pass ends here
@@ -858,7 +860,7 @@ class FeedBuffer:
             while ep.held and not self._stopped:
                 self._cond.wait(0.2)
             if ep.withdrawn:
-                raise EpochWithdrawn(f"epoch {epoch} was taken back by a failed train() call")
+                raise EpochWithdrawn(epoch)
             if ep.closed:
                 return False
             ep.emitted += rows

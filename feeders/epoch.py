@@ -36,6 +36,10 @@ class EpochWithdrawn(Exception):
     """A failed ``train()`` call took this epoch back before the pass over it yielded a row:
     the pass reads the next epoch instead (see ``FeedBuffer.hold_epochs``)."""
 
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"epoch {epoch} was taken back by a failed train() call")
+        self.epoch = epoch
+
 
 @dataclass
 class EpochInfo:

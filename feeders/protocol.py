@@ -133,7 +133,7 @@ class Action(str, enum.Enum):
     DROP_CACHE = "drop_cache"  # {"cache"}: forget a cached DataFrame, remove its spill files
     # a failed train() call takes back its unfinished epochs no worker has begun:
     HOLD_EPOCHS = "hold_epochs"  # {"epochs"} -> {"held": the epochs no pass has claimed, now held}
-    RELEASE_EPOCHS = "release_epochs"  # {"epochs", "withdraw"}: withdraw them, or let them be read
+    RELEASE_EPOCHS = "release_epochs"  # {"withdraw", "keep"}: held epochs to take back, to let be read
 
 
 class Refusal(str, enum.Enum):

@@ -436,17 +436,15 @@ class Feeder:
             for ep in unfinished:
                 ep.withdrawn = bool(nodes) and all(ep.epoch in held[n.node_id] for n in nodes)
             gone = {ep.epoch for ep in unfinished if ep.withdrawn}
-            self._each(nodes, Action.RELEASE_EPOCHS,
-                       lambda n: {"epochs": sorted(held[n.node_id] & gone), "withdraw": True})
-            self._each(nodes, Action.RELEASE_EPOCHS,
-                       lambda n: {"epochs": sorted(held[n.node_id] - gone), "withdraw": False})
+            self._each(nodes, Action.RELEASE_EPOCHS, lambda n: {
+                "withdraw": sorted(held[n.node_id] & gone), "keep": sorted(held[n.node_id] - gone)})
         except BaseException as e:  # noqa: BLE001 - the original error is what the user needs
             logger.warning("could not take back the unbegun epochs of a failed push: %s", e)
             for ep in unfinished:
                 ep.withdrawn = False
             try:  # a held epoch blocks every pass over its split: let them all be read again
                 self._each([n for n in nodes if held.get(n.node_id)], Action.RELEASE_EPOCHS,
-                           lambda n: {"epochs": sorted(held[n.node_id]), "withdraw": False})
+                           lambda n: {"withdraw": [], "keep": sorted(held[n.node_id])})
             except Exception:  # noqa: BLE001 - ended below, or the node is gone
                 pass
             if not isinstance(e, Exception):  # a second Ctrl-C

@@ -195,7 +195,8 @@ class NodeServer(flight.FlightServerBase):
         if name is Action.HOLD_EPOCHS:
             return json_result({"held": self.buffer.hold_epochs([int(e) for e in body["epochs"]])})
         if name is Action.RELEASE_EPOCHS:
-            self.buffer.release_epochs([int(e) for e in body["epochs"]], withdraw=bool(body["withdraw"]))
+            self.buffer.release_epochs(withdraw=[int(e) for e in body["withdraw"]],
+                                       keep=[int(e) for e in body["keep"]])
             return json_result({"ok": True})
         if name is Action.END_EPOCH:
             self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))

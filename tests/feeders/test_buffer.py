@@ -571,7 +571,7 @@ def test_a_failed_call_takes_back_its_epochs_no_pass_has_yielded_from():
     while not buf._epochs[0].claimed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert buf.hold_epochs([0, 1, 2]) == [0, 1, 2]
-    buf.release_epochs([0, 1, 2], withdraw=True)
+    buf.release_epochs(withdraw=[0, 1, 2])
     assert [buf.epoch_state(e)["closed"] for e in range(3)] == [True] * 3
     buf.begin_epoch(EpochInfo(3, SCHEMA))  # the next call
     _push(buf, 3, 100, 120)
@@ -592,7 +592,7 @@ def test_an_epoch_a_pass_has_yielded_from_is_not_held_and_a_released_one_is_read
     assert buf.hold_epochs([0, 1]) == [1]  # epoch 0 has given a batch to TensorFlow
     # while held, epoch 1 cannot be claimed: a pass waits (here: gives up after 0.3 s)
     assert buf.claim_epoch("train", timeout=0.3) is None
-    buf.release_epochs([1], withdraw=False)  # held on this node, begun on another: kept
+    buf.release_epochs(keep=[1])  # held on this node, begun on another: kept
     buf.end_epoch(0, 20)
     assert next(it) == list(range(8, 16)) and list(it) == [list(range(16, 20))]
     _push(buf, 1, 50, 60)
@@ -623,7 +623,7 @@ def test_rows_a_pass_took_before_the_hold_are_not_yielded_from_a_withdrawn_epoch
     t.start()
     time.sleep(0.3)
     assert out == [] and buf.epoch_state(0)["emitted"] == 0  # waiting, not yielded
-    buf.release_epochs([0], withdraw=True)
+    buf.release_epochs(withdraw=[0])
     t.join(5)
     assert len(out) == 1 and isinstance(out[0], EpochWithdrawn), out
     assert buf.epoch_state(0)["emitted"] == 0 and buf.snapshot()["rows_out"] == 0
