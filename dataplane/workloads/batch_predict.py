@@ -352,6 +352,43 @@ def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str],
             )
 
 
+# A task that fails on its input (a shape, a dtype, text for numbers: SchemaError) fails the
+# same way on every retry of it, and Spark retries a failed task up to spark.task.maxFailures
+# times (4 on a cluster), each in a new Python worker that loads TensorFlow and the model again
+# first: tens of seconds a try before the user sees the error. The first attempt leaves its
+# message in the executor's SparkFiles folder (one per application, removed with it), under the
+# task's stage and partition, and a retry on that executor raises it at once. A new action is a
+# new stage, so a fixed model or input is always tried.
+_FAILED_DIR = "dataplane-predict-failed"
+_REPEATED = ("(an earlier attempt of this task failed so on the same rows and model; this retry "
+             "raised it again without loading the model)")
+
+
+def _failure_memo() -> str | None:
+    """Where this task's attempts share a deterministic failure; None outside a Spark task."""
+    try:
+        from pyspark import SparkFiles, TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is None:
+            return None
+        root = SparkFiles.getRootDirectory()
+    except Exception:  # noqa: BLE001 - without a place to share it, every retry just runs
+        return None
+    return os.path.join(root, _FAILED_DIR, f"stage{ctx.stageId()}-partition{ctx.partitionId()}")
+
+
+def _remember_failure(memo: str, message: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        tmp = f"{memo}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(message)
+        os.replace(tmp, memo)
+    except OSError:  # the retries then run in full, as they would anyway
+        logger.debug("could not record a failed predict task at %s", memo, exc_info=True)
+
+
 class _PredictBatches:
     """The mapInArrow function: picklable state only; the model comes from the process cache."""
 
@@ -410,6 +447,18 @@ class _PredictBatches:
         return pa.array(out.reshape(rows).astype(t.to_pandas_dtype(), copy=False), type=t)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        memo = _failure_memo()
+        if memo is not None and os.path.exists(memo):
+            with open(memo, encoding="utf-8") as f:
+                raise SchemaError(f"{f.read()} {_REPEATED}")
+        try:
+            yield from self._predict(batches)
+        except SchemaError as e:
+            if memo is not None:
+                _remember_failure(memo, str(e))
+            raise
+
+    def _predict(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from formats.sparktask import prepare_task
 
         prepare_task()
@@ -501,7 +550,10 @@ def predict(
     The output is lazy: what only the rows can show (a list of the wrong length, a null, text
     for a numeric input, an output of another shape than ``output_shape``) fails the Spark
     action that computes it (``count()``, ``write``), as a Spark ``PythonException`` whose
-    message carries this module's ``SchemaError`` text, naming the column and the fix.
+    message carries this module's ``SchemaError`` text, naming the column and the fix. Spark's
+    retries of such a task raise the first attempt's error at once, without loading the model
+    again (the same rows fail the same way), so the action fails after one load, not
+    ``spark.task.maxFailures`` of them.
     """
     if not hasattr(df, "mapInArrow"):
         raise TypeError(f"predict: df must be a Spark DataFrame, got {not_a_spark_frame(df)}.")

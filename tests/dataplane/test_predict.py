@@ -216,6 +216,24 @@ def test_an_output_shape_the_model_does_not_return_fails_naming_both(frame, mode
     assert "Pass output_shape=[3]" in text, text[-3000:]
 
 
+def test_a_retry_of_a_task_that_failed_on_its_input_raises_at_once(frame, models, tmp_path):
+    # local[3,3] tries a task 3 times; the model was loaded by every try, each in a new Python
+    # worker (the one that raised exits), before the same error came back
+    paths, _, _ = models
+    log = tmp_path / "loads.txt"
+    out = predict(frame.coalesce(1), paths["clf"], input_cols=["vec"], output_shape=[4],
+                  loader=CountingLoader(str(log)))
+    with pytest.raises(Exception) as info:
+        out.collect()
+    text = str(info.value)
+    assert "Pass output_shape=[3]" in text, text[-3000:]
+    assert "this retry raised it again without loading the model" in text, text[-3000:]
+    assert len(log.read_text().split()) == 1  # the first try only
+    # a new action is tried in full: the fixed call answers
+    fixed = predict(frame.coalesce(1), paths["clf"], input_cols=["vec"], output_shape=[3])
+    assert fixed.count() == ROWS
+
+
 def test_text_for_a_numeric_input_is_named_with_the_fix(spark, models):
     # a string column was parsed as numbers where it could be, else failed in numpy
     paths, _, _ = models
