@@ -357,8 +357,8 @@ def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str],
 # times (4 on a cluster), each in a new Python worker that loads TensorFlow and the model again
 # first: tens of seconds a try before the user sees the error. The first attempt leaves its
 # message in the executor's SparkFiles folder (one per application, removed with it), under the
-# task's stage and partition, and a retry on that executor raises it at once. A new action is a
-# new stage, so a fixed model or input is always tried.
+# task's SQL execution (one per action), stage and partition, and a retry on that executor raises
+# it at once. A new action is a new execution, so a fixed model or input is always tried.
 _FAILED_DIR = "dataplane-predict-failed"
 _REPEATED = ("(an earlier attempt of this task failed so on the same rows and model; this retry "
              "raised it again without loading the model)")
@@ -375,7 +375,10 @@ def _failure_memo() -> str | None:
         root = SparkFiles.getRootDirectory()
     except Exception:  # noqa: BLE001 - without a place to share it, every retry just runs
         return None
-    return os.path.join(root, _FAILED_DIR, f"stage{ctx.stageId()}-partition{ctx.partitionId()}")
+    # the SQL execution (one per action) too: a later job may run a failed job's stage again
+    # under the same stage id
+    run = ctx.getLocalProperty("spark.sql.execution.id") or "-"
+    return os.path.join(root, _FAILED_DIR, f"run{run}-stage{ctx.stageId()}-partition{ctx.partitionId()}")
 
 
 def _remember_failure(memo: str, message: str) -> None:
