@@ -360,8 +360,8 @@ def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str],
 # task's SQL execution (one per action), stage and partition, and a retry on that executor raises
 # it at once. A new action is a new execution, so a fixed model or input is always tried.
 _FAILED_DIR = "dataplane-predict-failed"
-_REPEATED = ("(an earlier attempt of this task failed so on the same rows and model; this retry "
-             "raised it again without loading the model)")
+_REPEATED = ("(this retry raised it again without loading the model: an earlier attempt of this "
+             "task failed the same way on the same rows)")
 
 
 def _failure_memo() -> str | None:
