@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -45,6 +44,7 @@ import pyarrow as pa
 
 from benchmarks.paths import COUNT_SCHEMA, BenchPath, count_partition
 from benchmarks.tfos_util import start_tfos_cluster, stop_tfos_cluster
+from formats.fs import write_text_atomic
 
 __all__ = ["TABLES", "TFOS_MAX_ROWS", "BATCH_SIZE", "build", "extra"]
 
@@ -60,9 +60,7 @@ MEMORY_CHUNK = 64 * 1024
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj))
 
 
 def _rss_bytes() -> int:

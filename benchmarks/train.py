@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.data import make_table
+from formats.fs import write_text_atomic
 from benchmarks.paths import COUNT_SCHEMA, BenchPath, count_partition
 
 __all__ = [
@@ -89,9 +90,7 @@ def build_model(tf: Any) -> Any:
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

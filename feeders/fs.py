@@ -15,6 +15,7 @@ from formats.fs import (
     resolve,
     s3_filesystem,
     storage_error,
+    write_text_atomic,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "hdfs_filesystem",
     "hdfs_problems",
     "storage_error",
+    "write_text_atomic",
 ]

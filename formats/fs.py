@@ -27,6 +27,7 @@ __all__ = [
     "hdfs_problems",
     "storage_error",
     "listing_root",
+    "write_text_atomic",
 ]
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -393,3 +394,19 @@ def files_stamp(path_or_url: str | os.PathLike) -> tuple | None:
     except (OSError, StorageError, ValueError):
         return None
     return tuple(sorted((i.path, i.size, i.mtime_ns) for i in infos if i.type == pafs.FileType.File))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to the local file ``path`` so that a reader sees the old contents or the
+    new, never a part: written beside it (named with this process's id), then renamed over it."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

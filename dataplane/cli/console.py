@@ -160,10 +160,9 @@ def _log4j2_file() -> str:
                 return path
     except OSError:
         pass
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(LOG4J2_QUIET)
-    os.replace(tmp, path)
+    from formats.fs import write_text_atomic
+
+    write_text_atomic(path, LOG4J2_QUIET)
     return path
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError, model_input_nulls
-from formats.fs import files_stamp
+from formats.fs import files_stamp, write_text_atomic
 from formats.schema import RaggedColumn, column_specs, to_numpy
 from formats.sparkframe import map_in_arrow, not_a_spark_frame, vector_as_array, vector_columns
 
@@ -384,10 +384,7 @@ def _failure_memo() -> str | None:
 def _remember_failure(memo: str, message: str) -> None:
     try:
         os.makedirs(os.path.dirname(memo), exist_ok=True)
-        tmp = f"{memo}.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(message)
-        os.replace(tmp, memo)
+        write_text_atomic(memo, message)
     except OSError:  # the retries then run in full, as they would anyway
         logger.debug("could not record a failed predict task at %s", memo, exc_info=True)
 

@@ -8,7 +8,7 @@ import pytest
 from pyarrow import fs
 
 from formats.errors import StorageError
-from formats.fs import hdfs_filesystem, hdfs_problems, list_files, resolve, s3_filesystem
+from formats.fs import hdfs_filesystem, hdfs_problems, list_files, resolve, s3_filesystem, write_text_atomic
 
 
 def _s3_kwargs(s3) -> dict:
@@ -170,3 +170,18 @@ def test_an_ssl_failure_with_a_schemeless_endpoint_says_https_was_used(monkeypat
                         "write http://HOST:PORT."), msg
     monkeypatch.setenv("AWS_ENDPOINT_URL", "https://127.0.0.1:8333")
     assert "has no scheme" not in str(storage_error(exc, "read", "s3://b/k"))
+
+
+def test_write_text_atomic_replaces_the_file_and_leaves_nothing_beside_it(tmp_path):
+    target = tmp_path / "memo"
+    target.write_text("old")
+    write_text_atomic(target, "new ünïcode")
+    assert target.read_text(encoding="utf-8") == "new ünïcode"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memo"]
+    # a rename that fails (the target is a non-empty directory) leaves no temporary file
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "x").write_text("x")
+    with pytest.raises(OSError):
+        write_text_atomic(blocked, "text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked", "memo"]
