@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from feeders import generator as gen  # noqa: E402
-from feeders.generator import generator_dataset  # noqa: E402
+from feeders.generator import generator_dataset, live_iterators  # noqa: E402
 
 SIG = {"id": tf.TensorSpec((None,), tf.int64, name="id"), "x": tf.TensorSpec((None, 3), tf.float32, name="x")}
 
@@ -42,7 +42,7 @@ def _wait_closed(src: Source, n: int, before: set[int]) -> set[int]:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         gc.collect()
-        left = set(gen._live) - before
+        left = live_iterators() - before
         if src.closed >= n and not left:
             break
         time.sleep(0.05)
@@ -58,7 +58,7 @@ def test_uses_tensorflows_generator_op_directly_on_this_stack():
 
 
 def test_every_pass_reads_a_new_iterator_and_gets_every_row():
-    before = set(gen._live)
+    before = live_iterators()
     src = Source()
     ds = generator_dataset(src, SIG).rebatch(3)
     for epoch in range(3):
@@ -72,7 +72,7 @@ def test_every_pass_reads_a_new_iterator_and_gets_every_row():
 
 
 def test_an_abandoned_pass_closes_its_iterator():
-    before = set(gen._live)
+    before = live_iterators()
     src = Source()
     ds = generator_dataset(src, SIG)
     got = [b["id"].numpy().tolist() for b in ds.take(1)]
