@@ -5,7 +5,9 @@ The classes are defined in :mod:`formats.errors` (the lowest package, so ``forma
 ``except dataplane.errors.SchemaError`` catches exactly what ``formats`` and ``feeders`` raise.
 :func:`error_summary` reads node tracebacks and :func:`spark_job_error` a failed Spark job's
 error; both are the driver's own. :func:`model_input_nulls` words a null sent to a model
-(inference and ``dataplane.predict``).
+(inference and ``dataplane.predict``). :data:`TF_STARTUP_NOISE` matches what TensorFlow logs at
+start-up, some of it as errors, that is not one (the driver leaves it out of the node logs it
+shows, the console script out of its own stderr).
 """
 
 from __future__ import annotations
@@ -46,7 +48,25 @@ __all__ = [
     "known_fix",
     "spark_job_error",
     "model_input_nulls",
+    "TF_STARTUP_NOISE",
 ]
+
+#: What TensorFlow prints at start-up on a machine without a GPU that means nothing to a user,
+#: whatever ``TF_CPP_MIN_LOG_LEVEL`` says (TF 2.21 logs these through absl before its log level
+#: is read; TF 2.16 logs its "factory" lines as errors): absl's note on early messages, the
+#: oneDNN and missing-CUDA-driver notices, ``cuInit`` failing the way it does with no driver
+#: (303), TF 2.16's three "Unable to register cuDNN/cuBLAS/cuFFT factory" lines per process,
+#: and MultiWorkerMirroredStrategy's "Coordination agent has successfully connected". Matched
+#: anywhere in a line, so prefixed lines (``[node 0 chief] ...``) match too.
+TF_STARTUP_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|\] oneDNN custom operations are on\."
+    r"|\] Could not find cuda drivers on your machine, GPU will not be used\."
+    r"|\] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR \(303\)"
+    r"|Unable to register cu(?:DNN|BLAS|FFT) factory: Attempting to register factory"
+    r"|\] Coordination agent has successfully connected\."
+)
+
 
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
 

@@ -11,7 +11,8 @@ or file descriptors):
   "Using incubator modules" notice) off the terminal. The JVM that PySpark starts gets a log4j2
   configuration that logs only fatal errors (through ``SPARK_SUBMIT_OPTS``, read by
   ``spark-submit``), and the process's file descriptor 2, which the JVM and every other child
-  inherit, goes through a filter that drops the lines log4j cannot reach; Python's own
+  inherit, goes through a filter that drops the lines log4j cannot reach (and TensorFlow's
+  start-up notices on a machine without a GPU, which no log level silences); Python's own
   ``sys.stderr`` keeps the real terminal, so progress bars still see a TTY.
 
 ``-v`` turns all of it off: Spark logs as it always does and errors come with their traceback.
@@ -25,6 +26,8 @@ import re
 import sys
 import threading
 from typing import Any
+
+from dataplane.errors import TF_STARTUP_NOISE
 
 __all__ = ["problem_line", "quiet_spark", "spark_log_level", "LOG4J2_QUIET"]
 
@@ -53,6 +56,13 @@ _CHATTER = re.compile(
     r"|\S+ \S+ WARN NativeCodeLoader"
     r"|\s*\[Stage \d+:)"
 )
+
+
+
+def _chatter(line: str) -> bool:
+    """A line of Spark's start-up chatter, or of TensorFlow's (this process imports it too)."""
+    return bool(_CHATTER.match(line) or TF_STARTUP_NOISE.search(line))
+
 
 _PY_EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Warning|Exit|Interrupt)): ?(.*)$")
 
@@ -92,7 +102,7 @@ def spark_log_level(verbose: int) -> str:
 
 
 class _Filter(threading.Thread):
-    """Copies lines from a pipe to the real stderr, dropping :data:`_CHATTER`."""
+    """Copies lines from a pipe to the real stderr, dropping chatter (:func:`_chatter`)."""
 
     def __init__(self, read_fd: int, out_fd: int) -> None:
         super().__init__(name="dataplane-stderr-filter", daemon=True)
@@ -117,7 +127,7 @@ class _Filter(threading.Thread):
                 self._emit([pending])
 
     def _emit(self, lines: list[bytes]) -> None:
-        keep = [ln for ln in lines if not _CHATTER.match(ln.decode("utf-8", "replace"))]
+        keep = [ln for ln in lines if not _chatter(ln.decode("utf-8", "replace"))]
         if keep:
             try:
                 os.write(self.out_fd, b"".join(keep))

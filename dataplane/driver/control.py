@@ -14,7 +14,6 @@ its last message (``run(log_to_driver=True)``), printed here on the driver's std
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import threading
 import time
@@ -23,15 +22,11 @@ from typing import Any
 
 import pyarrow.flight as flight
 
+from dataplane.errors import TF_STARTUP_NOISE
 from dataplane.rpc import AuthMiddlewareFactory, json_result
 from dataplane.topology import Topology, assign_roles
 
 __all__ = ["ControlServer", "NodeStatus"]
-
-#: Lines every node of some TensorFlow builds logs at start-up that mean nothing here (TF 2.16
-#: on a machine without a GPU: three "E ... Unable to register cuDNN/cuBLAS/cuFFT factory"
-#: lines per process); not forwarded, so a node's real errors stand out.
-_NOISE = re.compile(r"Unable to register cu(?:DNN|BLAS|FFT) factory: Attempting to register factory")
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +193,7 @@ class ControlServer(flight.FlightServerBase):
         with self._cond:
             if self.topology is not None and node_id in self.status:
                 who += f" {self.topology.node(node_id).role}"
-        lines = [ln for ln in str(text).rstrip("\n").split("\n") if not _NOISE.search(ln)]
+        lines = [ln for ln in str(text).rstrip("\n").split("\n") if not TF_STARTUP_NOISE.search(ln)]
         if not lines:
             return
         out = "".join(f"[{who}] {line.rstrip(chr(13))}\n" for line in lines)

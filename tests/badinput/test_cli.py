@@ -175,7 +175,7 @@ def test_problem_line(text, line):
     assert console.problem_line(RuntimeError(text)) == line
 
 
-def test_chatter_filter_drops_spark_lines_only(tmp_path):
+def test_chatter_filter_drops_spark_and_tensorflow_start_up_lines_only(tmp_path):
     r, w = os.pipe()
     out = tmp_path / "out"
     with open(out, "wb") as sink:
@@ -184,6 +184,9 @@ def test_chatter_filter_drops_spark_lines_only(tmp_path):
         os.write(w, b"WARNING: Using incubator modules: jdk.incubator.vector\n"
                     b"Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties\n"
                     b"26/11/25 13:40:59 WARN NativeCodeLoader: Unable to load native-hadoop library\n"
+                    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+                    b"I0000 00:00:1795865717.413392   10389 cudart_stub.cc:31] Could not find cuda "
+                    b"drivers on your machine, GPU will not be used.\n"
                     b"a real problem\n[Stage 0:>   (0 + 1) / 1]\rtail without newline")
         os.close(w)
         f.join(5)

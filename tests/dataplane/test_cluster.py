@@ -237,7 +237,8 @@ def test_what_nodes_print_shows_on_the_driver_prefixed_with_the_node(spark, caps
 
 def test_tensorflow_start_up_noise_is_not_forwarded(capsys):
     # TF 2.16 (the compat stack) logs three "E ... Unable to register cuDNN factory" lines in
-    # every node on a machine without a GPU; forwarded, they read as each node's errors
+    # every node on a machine without a GPU, TF 2.21 a "failed call to cuInit" error and two
+    # notices; forwarded, they read as each node's errors
     import threading
     from types import SimpleNamespace
 
@@ -251,12 +252,25 @@ def test_tensorflow_start_up_noise_is_not_forwarded(capsys):
         "2026-11-27 17:29:34.404827: E external/local_xla/xla/stream_executor/cuda/cuda_blas.cc:1442] "
         "Unable to register cuBLAS factory: Attempting to register factory for plugin cuBLAS when "
         "one has already been registered\n"
+        # TF 2.21 (the current stack), whatever TF_CPP_MIN_LOG_LEVEL says
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795865792.122664   11205 port.cc:153] oneDNN custom operations are on. You "
+        "may see slightly different numerical results due to floating-point round-off errors\n"
+        "I0000 00:00:1795865792.123825   11205 cudart_stub.cc:31] Could not find cuda drivers on "
+        "your machine, GPU will not be used.\n"
+        "E0000 00:00:1795865796.887931   11205 cuda_platform.cc:52] failed call to cuInit: "
+        "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
         "epoch 1 loss 0.5\n"
         "E something else went wrong\n"
+        # a GPU machine whose driver fails is told so
+        "E0000 00:00:1795865796.887931   11205 cuda_platform.cc:52] failed call to cuInit: "
+        "INTERNAL: CUDA error: Failed call to cuInit: CUDA_ERROR_NO_DEVICE (100)\n"
     )
     ControlServer._show_log(fake, {"node_id": 1, "log": log})
     assert capsys.readouterr().err.splitlines() == [
-        "[node 1] epoch 1 loss 0.5", "[node 1] E something else went wrong"]
+        "[node 1] epoch 1 loss 0.5", "[node 1] E something else went wrong",
+        "[node 1] E0000 00:00:1795865796.887931   11205 cuda_platform.cc:52] failed call to "
+        "cuInit: INTERNAL: CUDA error: Failed call to cuInit: CUDA_ERROR_NO_DEVICE (100)"]
     ControlServer._show_log(fake, {"node_id": 1, "log": log.split("epoch")[0]})
     assert capsys.readouterr().err == ""
 
