@@ -7,7 +7,9 @@ executor reads) and kept in a per-process cache on the executors, so ten trials 
 same Python worker read it once.
 
 A trial that raises is recorded as ``status="error"`` with the exception text and the tail of its
-traceback; the other trials carry on. The result is a DataFrame with one row per trial, best first.
+traceback; the other trials carry on. So is one that runs past ``trial_timeout``: each trial's
+job has its own job group, and cancelling it makes Spark kill the trial's Python worker, which
+frees the slot for the next trial. The result is a DataFrame with one row per trial, best first.
 
 Nothing here imports TensorFlow: ``train_fn`` imports whatever it needs on the executor.
 """
@@ -378,6 +380,7 @@ def tune(
     parallelism: int | None = None,
     num_trials: int | None = None,
     seed: int | None = 0,
+    trial_timeout: float | None = None,
 ) -> Any:
     """Run one training trial per point of ``space``, each as its own Spark task.
 
@@ -402,6 +405,10 @@ def tune(
             executor slots, so every slot holds one trial).
         num_trials: how many points to draw from a sampler (required for a sampler only).
         seed: seed for the sampler's generator (default 0: the same points every run).
+        trial_timeout: seconds a trial may run (from its Spark job's start, so a worker's
+            first TensorFlow import counts); one that runs longer is cancelled, its Python
+            worker killed, and it is recorded as ``status="error"`` saying so, while the other
+            trials carry on. ``None`` (default): no limit.
 
     Returns:
         A Spark DataFrame, one row per trial, best first (failed trials last): ``trial`` (index
@@ -429,6 +436,14 @@ def tune(
         not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1
     ):
         raise ValueError(f"tune: parallelism must be an int >= 1 or None, got {parallelism!r}.")
+    if trial_timeout is not None and (
+        isinstance(trial_timeout, bool) or not isinstance(trial_timeout, (int, float))
+        or not trial_timeout > 0 or math.isinf(trial_timeout)
+    ):
+        raise ValueError(
+            f"tune: trial_timeout must be a number of seconds > 0 or None (no limit), got "
+            f"{trial_timeout!r}."
+        )
     sc = _spark_context(spark)
     _check_picklable(train_fn)
     points = _build_trials(space, num_trials, seed)
@@ -453,17 +468,39 @@ def tune(
 
     def one(index: int) -> dict[str, Any]:
         payload = (index, points[index], train_fn, shipped, metric)
-        sc.setJobGroup(group, f"tune trial {index}: {points[index]}", interruptOnCancel=False)
+        # a job group per trial, so that a trial past its time is cancelled alone (Spark then
+        # kills its task's Python worker: checked by the tests)
+        tag = f"{group}-{index}"
+        sc.setJobGroup(tag, f"tune trial {index}: {points[index]}", interruptOnCancel=True)
+        expired = threading.Event()
+        timer = None
+        if trial_timeout is not None:
+            def expire() -> None:
+                expired.set()
+                sc.cancelJobGroup(tag)
+
+            timer = threading.Timer(trial_timeout, expire)
+            timer.daemon = True
+            timer.start()
+        started = time.perf_counter()
         try:
             return sc.parallelize([payload], 1).map(_run_trial).collect()[0]
         except Exception as exc:  # noqa: BLE001 - the task itself died (worker crash, OOM...)
+            if expired.is_set():
+                error = (f"trial_timeout: the trial ran past trial_timeout={trial_timeout:g} s "
+                         f"and was cancelled (its Python worker was stopped)")
+            else:
+                error = "Spark task failed: " + _spark_failure_text(exc)
             return {
                 "trial": index,
                 "metrics": {},
-                "seconds": float("nan"),
+                "seconds": time.perf_counter() - started if expired.is_set() else float("nan"),
                 "status": "error",
-                "error": "Spark task failed: " + _spark_failure_text(exc),
+                "error": error,
             }
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dataplane-tune") as pool:

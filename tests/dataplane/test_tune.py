@@ -82,6 +82,38 @@ def test_crashed_worker_is_recorded_not_fatal(spark):
     assert "Python worker exited unexpectedly" in rows[2]["error"]
 
 
+def sleepy(params, data):
+    import time
+
+    with open(os.path.join(params["dir"], f"pid-{params['s']}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(params["s"])
+    return {"loss": float(params["s"])}
+
+
+def test_a_trial_past_trial_timeout_is_cancelled_and_the_others_carry_on(spark, tmp_path):
+    import time
+
+    from tests.dataplane.clusterutil import alive
+
+    d = str(tmp_path)
+    t0 = time.monotonic()
+    out = tune(spark, sleepy, [{"s": 0.0, "dir": d}, {"s": 600.0, "dir": d}, {"s": 0.5, "dir": d}],
+               parallelism=2, trial_timeout=8)
+    took = time.monotonic() - t0
+    rows = [r.asDict() for r in out.collect()]
+    assert [(r["trial"], r["status"]) for r in rows] == [(0, "ok"), (2, "ok"), (1, "error")]
+    assert rows[2]["error"].startswith("trial_timeout: the trial ran past trial_timeout=8 s"), rows[2]
+    assert rows[2]["loss"] is None and rows[2]["seconds"] >= 8
+    assert took < 300, took  # not the 600 s the trial asked for
+    # the cancelled trial's Python worker is stopped, not left sleeping out its 600 s
+    pid = int((tmp_path / "pid-600.0").read_text())
+    deadline = time.monotonic() + 30
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pid)
+
+
 def test_missing_metric_is_a_trial_error(spark):
     out = tune(spark, lambda p, d: {"accuracy": 0.5}, {"a": [1]}, metric="loss")
     row = out.collect()[0]
@@ -154,6 +186,8 @@ def test_spark_ml_vector_data_arrives_as_float_lists(spark):
         ({"space": lambda rng: {"a": 1}}, ValueError, "num_trials"),
         ({"space": {"a": [1]}, "mode": "best"}, ValueError, "'min' or 'max'"),
         ({"space": {"a": [1]}, "parallelism": 0}, ValueError, "parallelism"),
+        ({"space": {"a": [1]}, "trial_timeout": 0}, ValueError, "trial_timeout must be"),
+        ({"space": {"a": [1]}, "trial_timeout": "60"}, ValueError, "trial_timeout must be"),
         ({"space": {"status": [1]}}, ValueError, "clash"),
         ({"space": {"a": [1]}, "data": "/nonexistent/train.parquet"}, StorageError, "does not exist"),
     ],
