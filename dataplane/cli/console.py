@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 from dataplane.errors import TF_STARTUP_NOISE
+from formats.fs import write_text_atomic
 
 __all__ = ["problem_line", "quiet_spark", "spark_log_level", "LOG4J2_QUIET"]
 
@@ -56,7 +57,6 @@ _CHATTER = re.compile(
     r"|\S+ \S+ WARN NativeCodeLoader"
     r"|\s*\[Stage \d+:)"
 )
-
 
 
 def _chatter(line: str) -> bool:
@@ -170,8 +170,6 @@ def _log4j2_file() -> str:
                 return path
     except OSError:
         pass
-    from formats.fs import write_text_atomic
-
     write_text_atomic(path, LOG4J2_QUIET)
     return path
 

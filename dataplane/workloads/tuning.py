@@ -405,8 +405,8 @@ def tune(
             executor slots, so every slot holds one trial).
         num_trials: how many points to draw from a sampler (required for a sampler only).
         seed: seed for the sampler's generator (default 0: the same points every run).
-        trial_timeout: seconds a trial may run (from its Spark job's start, so a worker's
-            first TensorFlow import counts); one that runs longer is cancelled, its Python
+        trial_timeout: seconds a trial may take, counted from its Spark job's submission (a
+            worker's first TensorFlow import counts); one that runs longer is cancelled, its Python
             worker killed, and it is recorded as ``status="error"`` saying so, while the other
             trials carry on. ``None`` (default): no limit.
 
