@@ -857,8 +857,8 @@ class FeedBuffer:
             ep = self._epochs.get(epoch)
             if ep is None:
                 return True
-            while ep.held and not self._stopped:
-                self._cond.wait(0.2)
+            # release_epochs and stop both notify: nothing to poll for
+            self._cond.wait_for(lambda: not ep.held or self._stopped)
             if ep.withdrawn:
                 raise EpochWithdrawn(epoch)
             if ep.closed:
