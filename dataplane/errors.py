@@ -6,8 +6,9 @@ The classes are defined in :mod:`formats.errors` (the lowest package, so ``forma
 :func:`error_summary` reads node tracebacks and :func:`spark_job_error` a failed Spark job's
 error; both are the driver's own. :func:`model_input_nulls` words a null sent to a model
 (inference and ``dataplane.predict``). :data:`TF_STARTUP_NOISE` matches what TensorFlow logs at
-start-up, some of it as errors, that is not one (the driver leaves it out of the node logs it
-shows, the console script out of its own stderr).
+start-up, some of it as errors, that is not one (the console script leaves it out of its own
+stderr); :func:`drop_tf_noise` also drops TF 2.16's end-of-pass warnings (the driver uses it on
+the node logs it shows).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "spark_job_error",
     "model_input_nulls",
     "TF_STARTUP_NOISE",
+    "drop_tf_noise",
 ]
 
 #: What TensorFlow prints at start-up on a machine without a GPU that means nothing to a user,
@@ -56,16 +58,49 @@ __all__ = [
 #: is read; TF 2.16 logs its "factory" lines as errors): absl's note on early messages, the
 #: oneDNN and missing-CUDA-driver notices, ``cuInit`` failing the way it does with no driver
 #: (303), TF 2.16's three "Unable to register cuDNN/cuBLAS/cuFFT factory" lines per process,
-#: and MultiWorkerMirroredStrategy's "Coordination agent has successfully connected". Matched
-#: anywhere in a line, so prefixed lines (``[node 0 chief] ...``) match too.
+#: and MultiWorkerMirroredStrategy's "Coordination agent has successfully connected"; the two
+#: lines of the CPU-instructions notice; and what TensorFlow logs once per process about the
+#: generator op ``ctx.dataset()`` and the pull readers are built on (its graph rewrites skipped,
+#: its malloc trim setting: ours, and nothing a user can act on; see ``feeders.generator``).
+#: Matched anywhere in a line, so prefixed lines (``[node 0 chief] ...``) match too.
 TF_STARTUP_NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|\] oneDNN custom operations are on\."
     r"|\] Could not find cuda drivers on your machine, GPU will not be used\."
+    r"|\] This TensorFlow binary is optimized to use available CPU instructions in "
+    r"performance-critical operations\."
+    r"|^(?:\[node [^]]*\] )?To enable the following instructions: [A-Z0-9_ ,]+ in other operations, "
+    r"rebuild TensorFlow with the appropriate compiler flags\."
+    r"|\] Input of GeneratorDatasetOp::Dataset will not be optimized because the dataset does not "
+    r"implement the AsGraphDefInternal\(\) method"
+    r"|\] Memory patch applied: M_TRIM_THRESHOLD=\d+ kb was set\."
+    r"|\] TF-TRT Warning: Could not find TensorRT$"
     r"|\] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR \(303\)"
     r"|Unable to register cu(?:DNN|BLAS|FFT) factory: Attempting to register factory"
     r"|\] Coordination agent has successfully connected\."
 )
+
+#: TF 2.16's warning at the end of every pass over a dataset (tensorflow#62963), with the op it
+#: names on the next line(s), which start with a tab: ``\t [[{{node IteratorGetNext}}]]``.
+_END_OF_SEQUENCE = re.compile(
+    r"\] Local rendezvous is aborting with status: OUT_OF_RANGE: End of sequence$"
+)
+
+
+def drop_tf_noise(lines: list[str]) -> list[str]:
+    """``lines`` without :data:`TF_STARTUP_NOISE` and TF 2.16's "Local rendezvous is aborting
+    with status: OUT_OF_RANGE: End of sequence" warnings (each with its ``[[{{node ...}}]]``
+    lines), which TensorFlow logs whenever a pass over a dataset ends normally."""
+    out: list[str] = []
+    after_end = False
+    for line in lines:
+        if after_end and line.startswith("\t [["):
+            continue
+        after_end = bool(_END_OF_SEQUENCE.search(line.rstrip("\r")))
+        if not after_end and not TF_STARTUP_NOISE.search(line):
+            out.append(line)
+    return out
+
 
 
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from dataplane.errors import TF_STARTUP_NOISE
+from dataplane.errors import drop_tf_noise
 from dataplane.rpc import AuthMiddlewareFactory, json_result
 from dataplane.topology import Topology, assign_roles
 
@@ -193,7 +193,7 @@ class ControlServer(flight.FlightServerBase):
         with self._cond:
             if self.topology is not None and node_id in self.status:
                 who += f" {self.topology.node(node_id).role}"
-        lines = [ln for ln in str(text).rstrip("\n").split("\n") if not TF_STARTUP_NOISE.search(ln)]
+        lines = drop_tf_noise(str(text).rstrip("\n").split("\n"))
         if not lines:
             return
         out = "".join(f"[{who}] {line.rstrip(chr(13))}\n" for line in lines)

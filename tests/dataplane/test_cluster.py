@@ -235,7 +235,7 @@ def test_what_nodes_print_shows_on_the_driver_prefixed_with_the_node(spark, caps
     assert "[node" not in capsys.readouterr().err
 
 
-def test_tensorflow_start_up_noise_is_not_forwarded(capsys):
+def test_tensorflow_noise_is_not_forwarded(capsys):
     # TF 2.16 (the compat stack) logs three "E ... Unable to register cuDNN factory" lines in
     # every node on a machine without a GPU, TF 2.21 a "failed call to cuInit" error and two
     # notices; forwarded, they read as each node's errors
@@ -260,7 +260,28 @@ def test_tensorflow_start_up_noise_is_not_forwarded(capsys):
         "your machine, GPU will not be used.\n"
         "E0000 00:00:1795865796.887931   11205 cuda_platform.cc:52] failed call to cuInit: "
         "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
+        "I0000 00:00:1795874159.731369    5881 cpu_feature_guard.cc:227] This TensorFlow binary is "
+        "optimized to use available CPU instructions in performance-critical operations.\n"
+        "To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 FMA, in other "
+        "operations, rebuild TensorFlow with the appropriate compiler flags.\n"
+        # what TF logs about the generator op under ctx.dataset(): ours, not the user's to act on
+        "I0000 00:00:1795874168.474720    5881 generator_dataset_op.cc:213] Memory patch applied: "
+        "M_TRIM_THRESHOLD=128 kb was set.\n"
+        "W0000 00:00:1795874168.829006    5881 dataset.cc:997] Input of GeneratorDatasetOp::Dataset "
+        "will not be optimized because the dataset does not implement the AsGraphDefInternal() "
+        "method needed to apply optimizations.\n"
+        # TF 2.16 (compat): at start-up, and whenever a pass over a dataset ends
+        "2026-11-28 13:58:13.990785: W tensorflow/compiler/tf2tensorrt/utils/py_utils.cc:38] "
+        "TF-TRT Warning: Could not find TensorRT\n"
+        "2026-11-28 13:58:27.930074: W tensorflow/core/framework/local_rendezvous.cc:404] Local "
+        "rendezvous is aborting with status: OUT_OF_RANGE: End of sequence\n"
+        "\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]\n"
+        "2026-11-28 13:58:27.940747: W tensorflow/core/framework/local_rendezvous.cc:404] Local "
+        "rendezvous is aborting with status: OUT_OF_RANGE: End of sequence\n"
+        "\t [[{{function_node cond_false_671}}{{node cond/IteratorGetNext}}]]\n"
         "epoch 1 loss 0.5\n"
+        "\t [[{{node MyOwnOp}}]] (a tab-indented line of the program's own)\n"
+        "To enable the following instructions in my model, see the README\n"
         "E something else went wrong\n"
         # a GPU machine whose driver fails is told so
         "E0000 00:00:1795865796.887931   11205 cuda_platform.cc:52] failed call to cuInit: "
@@ -268,7 +289,10 @@ def test_tensorflow_start_up_noise_is_not_forwarded(capsys):
     )
     ControlServer._show_log(fake, {"node_id": 1, "log": log})
     assert capsys.readouterr().err.splitlines() == [
-        "[node 1] epoch 1 loss 0.5", "[node 1] E something else went wrong",
+        "[node 1] epoch 1 loss 0.5",
+        "[node 1] \t [[{{node MyOwnOp}}]] (a tab-indented line of the program's own)",
+        "[node 1] To enable the following instructions in my model, see the README",
+        "[node 1] E something else went wrong",
         "[node 1] E0000 00:00:1795865796.887931   11205 cuda_platform.cc:52] failed call to "
         "cuInit: INTERNAL: CUDA error: Failed call to cuInit: CUDA_ERROR_NO_DEVICE (100)"]
     ControlServer._show_log(fake, {"node_id": 1, "log": log.split("epoch")[0]})
