@@ -181,7 +181,8 @@ def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[
 # Narrow rows: the generator hands tf.data several batches at once (up to this many bytes) and
 # Dataset.rebatch cuts them in C++, so the per-call cost of the Python source (a py_func and a
 # conversion per column) is paid once per item instead of once per batch. 8 MiB keeps 256-row
-# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md.
+# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md. A pass left
+# early counts such a block as consumed (FeedReport.rows_unconsumed's docstring gives these sizes).
 _ITEM_BYTES = 8 << 20
 _MAX_BATCHES_PER_ITEM = 64
 
