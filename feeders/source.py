@@ -74,7 +74,10 @@ def iterate_epoch(
 
     With ``batches_per_item > 1`` an item holds up to that many whole batches (whatever is
     safe to emit already), for ``Dataset.rebatch(batch_size)`` to cut: every item but the
-    epoch's tail is a multiple of ``batch_size`` rows, so the batches are the same.
+    epoch's tail is a multiple of ``batch_size`` rows, so the batches are the same. The first
+    item of a pass holds one batch and each next one up to twice its predecessor's: a pass
+    left after k batches has then taken at most about 2k from the buffer, which is what
+    ``FeedReport.rows_unconsumed`` counts as consumed (up to 64 batches ahead otherwise).
 
     An epoch announced with ``shuffle`` is shuffled in windows: rows are gathered until they
     hold ``shuffle_bytes`` (default: the buffer's capacity) or the epoch ends, then permuted
@@ -89,6 +92,7 @@ def iterate_epoch(
     complete = False
     failure: str | None = None
     rng = None
+    ramp = 1  # batches the next item may hold (doubling up to batches_per_item)
     if info.shuffle:
         import numpy as np
 
@@ -116,7 +120,8 @@ def iterate_epoch(
                 pending_bytes = 0
             safe = limit if final else (safe_rows if num_workers > 1 else received)
             while pending_rows >= batch_size and emitted + batch_size <= safe:  # type: ignore[operator]
-                k = min(batches_per_item, pending_rows // batch_size, (safe - emitted) // batch_size)  # type: ignore[operator]
+                k = min(ramp, batches_per_item, pending_rows // batch_size, (safe - emitted) // batch_size)  # type: ignore[operator]
+                ramp = min(2 * k, batches_per_item)
                 rows = k * batch_size
                 table, pending = _take_rows(pending, rows)
                 pending_rows -= rows
@@ -181,8 +186,9 @@ def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[
 # Narrow rows: the generator hands tf.data several batches at once (up to this many bytes) and
 # Dataset.rebatch cuts them in C++, so the per-call cost of the Python source (a py_func and a
 # conversion per column) is paid once per item instead of once per batch. 8 MiB keeps 256-row
-# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md. A pass left
-# early counts such a block as consumed (FeedReport.rows_unconsumed's docstring gives these sizes).
+# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md. A pass
+# starts with one batch an item and doubles (iterate_epoch), so one left early has not taken a
+# whole 64-batch block (FeedReport.rows_unconsumed counts what was taken as consumed).
 _ITEM_BYTES = 8 << 20
 _MAX_BATCHES_PER_ITEM = 64
 

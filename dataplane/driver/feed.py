@@ -48,8 +48,9 @@ class FeedReport:
             ``steps_per_epoch``), an epoch's tail cut by ``drop_remainder``, or rows pushed
             after its main had returned. Rows a pass had already read ahead when it was left
             count as consumed: the prefetched batches and, for narrow rows, the block
-            ``ctx.dataset`` takes from the buffer at a time (up to 64 batches, at most 8 MiB),
-            so a pass over a small epoch that stops after a few batches may count all of it.
+            ``ctx.dataset`` takes from the buffer at a time, which starts at one batch and
+            grows to at most twice what the pass has read (up to 64 batches, 8 MiB): a pass
+            left after k batches counts about k to 2k + 4 batches.
         spark_jobs: Spark jobs that pushed data (one per DataFrame with ``cache=True``, none
             when the workers already hold it; one per epoch and DataFrame otherwise).
         spark_tasks: the tasks of those jobs that pushed (one per partition, but a DataFrame
