@@ -74,10 +74,11 @@ def iterate_epoch(
 
     With ``batches_per_item > 1`` an item holds up to that many whole batches (whatever is
     safe to emit already), for ``Dataset.rebatch(batch_size)`` to cut: every item but the
-    epoch's tail is a multiple of ``batch_size`` rows, so the batches are the same. The first
-    item of a pass holds one batch and each next one up to twice its predecessor's: a pass
-    left after k batches has then taken at most about 2k from the buffer, which is what
-    ``FeedReport.rows_unconsumed`` counts as consumed (up to 64 batches ahead otherwise).
+    epoch's tail is a multiple of ``batch_size`` rows, so the batches are the same. Items end
+    where the pass's batch count reaches 1, 2, 4, ... up to ``batches_per_item`` and then
+    each multiple of it (see :func:`_item_end`): a pass left after k batches has taken at most
+    about min(2k, k + ``batches_per_item``) from the buffer, which is what
+    ``FeedReport.rows_unconsumed`` counts as consumed.
 
     An epoch announced with ``shuffle`` is shuffled in windows: rows are gathered until they
     hold ``shuffle_bytes`` (default: the buffer's capacity) or the epoch ends, then permuted
@@ -92,7 +93,6 @@ def iterate_epoch(
     complete = False
     failure: str | None = None
     rng = None
-    ramp = 1  # batches the next item may hold (doubling up to batches_per_item)
     if info.shuffle:
         import numpy as np
 
@@ -120,8 +120,9 @@ def iterate_epoch(
                 pending_bytes = 0
             safe = limit if final else (safe_rows if num_workers > 1 else received)
             while pending_rows >= batch_size and emitted + batch_size <= safe:  # type: ignore[operator]
-                k = min(ramp, batches_per_item, pending_rows // batch_size, (safe - emitted) // batch_size)  # type: ignore[operator]
-                ramp = min(2 * k, batches_per_item)
+                taken = emitted // batch_size
+                k = min(_item_end(taken, batches_per_item) - taken, pending_rows // batch_size,  # type: ignore[operator]
+                        (safe - emitted) // batch_size)
                 rows = k * batch_size
                 table, pending = _take_rows(pending, rows)
                 pending_rows -= rows
@@ -160,6 +161,17 @@ def iterate_epoch(
         buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure)
 
 
+def _item_end(taken: int, per_item: int) -> int:
+    """Where the item after ``taken`` batches of a pass ends: at the next power of two below
+    ``per_item``, then at the next multiple of it (1, 2, 4, ..., 64, 128, 192, ... for 64)."""
+    if taken >= per_item:
+        return (taken // per_item + 1) * per_item
+    end = 1
+    while end <= taken:
+        end *= 2
+    return min(end, per_item)
+
+
 def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[str, Any]]:
     ragged = [s for s in specs if s.is_ragged]
 
@@ -186,9 +198,9 @@ def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[
 # Narrow rows: the generator hands tf.data several batches at once (up to this many bytes) and
 # Dataset.rebatch cuts them in C++, so the per-call cost of the Python source (a py_func and a
 # conversion per column) is paid once per item instead of once per batch. 8 MiB keeps 256-row
-# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md. A pass
-# starts with one batch an item and doubles (iterate_epoch), so one left early has not taken a
-# whole 64-batch block (FeedReport.rows_unconsumed counts what was taken as consumed).
+# MNIST batches (0.8 MB) several to a call; the measurements are in docs/design.md. A pass's
+# first items are smaller (_item_end), so one left early has not taken a whole 64-batch block
+# (FeedReport.rows_unconsumed counts what was taken as consumed).
 _ITEM_BYTES = 8 << 20
 _MAX_BATCHES_PER_ITEM = 64
 

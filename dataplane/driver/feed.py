@@ -48,9 +48,9 @@ class FeedReport:
             ``steps_per_epoch``), an epoch's tail cut by ``drop_remainder``, or rows pushed
             after its main had returned. Rows a pass had already read ahead when it was left
             count as consumed: the prefetched batches and, for narrow rows, the block
-            ``ctx.dataset`` takes from the buffer at a time, which starts at one batch and
-            grows to at most twice what the pass has read (up to 64 batches, 8 MiB): a pass
-            left after k batches counts about k to 2k + 4 batches.
+            ``ctx.dataset`` takes from the buffer at a time, which ends at a pass's 1st,
+            2nd, 4th, ... 64th batch and then every 64th (fewer when a batch holds over
+            128 KiB): a pass left after k batches counts at most about min(2k, k + 64) + 2.
         spark_jobs: Spark jobs that pushed data (one per DataFrame with ``cache=True``, none
             when the workers already hold it; one per epoch and DataFrame otherwise).
         spark_tasks: the tasks of those jobs that pushed (one per partition, but a DataFrame
