@@ -102,7 +102,6 @@ def drop_tf_noise(lines: list[str]) -> list[str]:
     return out
 
 
-
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
 
 

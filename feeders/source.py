@@ -162,14 +162,11 @@ def iterate_epoch(
 
 
 def _item_end(taken: int, per_item: int) -> int:
-    """Where the item after ``taken`` batches of a pass ends: at the next power of two below
-    ``per_item``, then at the next multiple of it (1, 2, 4, ..., 64, 128, 192, ... for 64)."""
+    """Where the item after ``taken`` batches of a pass ends: at the next power of two (at most
+    ``per_item``), then at the next multiple of ``per_item`` (1, 2, 4, ..., 64, 128, 192, ...)."""
     if taken >= per_item:
         return (taken // per_item + 1) * per_item
-    end = 1
-    while end <= taken:
-        end *= 2
-    return min(end, per_item)
+    return min(1 << taken.bit_length(), per_item)
 
 
 def _tensor_converter(specs: Sequence[ColumnSpec]) -> Callable[[pa.Table], dict[str, Any]]:
