@@ -478,9 +478,17 @@ class FeedBuffer:
         """Why a pass over ``split`` that found no epoch before the node stopped got nothing,
         if earlier passes read every epoch pushed (None when none was: nothing was pushed)."""
         with self._cond:
-            read = sum(1 for ep in self._epochs.values() if ep.info.split == split and not ep.withdrawn)
+            mine = [ep for ep in self._epochs.values() if ep.info.split == split]
+            read = sum(1 for ep in mine if not ep.withdrawn)
+            cut = bool(mine) and max(mine, key=lambda ep: ep.info.epoch).withdrawn
         if not read or not self._stopped:
             return None
+        if cut:  # the last train() call was stopped (a shutdown, a failure) and took them back
+            return (
+                f"a pass over ctx.dataset(split={split!r}) ended without rows: the cluster shut "
+                f"down after the last cluster.train call stopped early and took back the "
+                f"{split} epoch(s) it had not pushed; the driver's train() error says why."
+            )
         return (
             f"a pass over ctx.dataset(split={split!r}) ended without rows: the cluster shut down "
             f"after earlier passes had read all {read} {split} epoch(s) pushed. main read more "

@@ -65,6 +65,7 @@ class Cluster:
             spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
             buffer_bytes=buffer_bytes, node_timeout=node_timeout, action=self._node_action,
             live_workers=self._live_workers, failure=self._node_failure,
+            stopping=lambda: self._state in ("stopping", "stopped"),
         )
 
     # -- public -------------------------------------------------------------------------------
@@ -140,6 +141,8 @@ class Cluster:
 
         Raises:
             NodeError: a node's main raised or its process died during the feed.
+            ClusterStateError: ``cluster.shutdown()`` began (from another thread) while the
+                call ran: no later epoch is pushed.
             SchemaError: ``df`` has no columns, or a column no tensor can hold.
             FeedError: the feeding job failed, or nothing moved for ``feed_timeout`` seconds.
         """
@@ -208,10 +211,11 @@ class Cluster:
 
         The chief and workers first get to finish what they are doing (training on the epochs
         already pushed, or reading files in pull mode) until their main returns or only waits
-        for the driver. A busy main that never checks ``ctx.should_stop`` is waited for however
-        long it runs (a pull-mode training run goes to its end; the log says every minute what
-        shutdown waits for, and Ctrl-C stops the nodes at once); one that polls the flag is
-        told to stop once ``timeout`` runs out. Then every node is told to stop: datasets
+        for the driver; a ``train`` running in another thread pushes no further epoch and
+        raises :class:`ClusterStateError`. A busy main that never checks ``ctx.should_stop``
+        is waited for however long it runs (a pull-mode training run goes to its end; the log
+        says every minute what shutdown waits for, and Ctrl-C stops the nodes at once); one
+        that polls the flag is told to stop once ``timeout`` runs out. Then every node is told to stop: datasets
         waiting for more data end, ``ctx.serve`` returns, and a main that still runs after
         ``stop_grace`` seconds is ended with its process; a parameter server's (its
         ``server.join()`` never returns) after one second.
@@ -329,6 +333,13 @@ class Cluster:
             err = self._node_failure(grace=2.0)
             if err is not None:
                 raise err from e
+            if self._state in ("stopping", "stopped"):
+                # (a train or inference in another thread while shutdown stops the nodes):
+                # no node failed, the user's own shutdown ended the call
+                raise ClusterStateError(
+                    f"{node.describe()} did not answer {name!r}: cluster.shutdown() stopped the "
+                    f"nodes while the call ran ({flight_message(e)})."
+                ) from e
             st = self._control.snapshot().get(node.node_id)
             silent = time.monotonic() - st.last_seen if st is not None else 0.0
             raise NodeError(
@@ -401,7 +412,7 @@ class Cluster:
             for n in (n for n in workers if not snap[n.node_id].done):
                 try:
                     m = self._node_action(n, "metrics", {}, timeout=5.0)
-                except NodeError:
+                except (NodeError, ClusterStateError):
                     return
                 if m.get("main") == "running" and not m.get("idle"):
                     busy.append(n.node_id)

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from dataplane.driver.pushjob import FeedClock, PushJobs, feed_timeout_error
 from dataplane.driver.sparkjobs import arrow_schema_of
-from dataplane.errors import FeedError, NodeError, SchemaError
+from dataplane.errors import ClusterStateError, FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
 from feeders.protocol import Action, BeginEpoch, EpochState
 
@@ -237,7 +237,9 @@ class Feeder:
 
     The cluster hands it what it needs explicitly: ``action(node, name, body, timeout=)``
     sends a control action, ``live_workers()`` lists the workers whose main still runs,
-    ``failure(grace=)`` returns the first failed node's NodeError (or None).
+    ``failure(grace=)`` returns the first failed node's NodeError (or None), ``stopping()``
+    is True once ``cluster.shutdown()`` has begun (a running ``train`` then pushes no new
+    epoch).
     """
 
     def __init__(
@@ -252,8 +254,10 @@ class Feeder:
         action: Callable[..., dict[str, Any]],
         live_workers: Callable[[], list[NodeInfo]],
         failure: Callable[..., NodeError | None],
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.spark = spark
+        self._stopping = stopping
         self._secret = secret
         self._tls_root = tls_root
         self._action = action
@@ -475,7 +479,16 @@ class Feeder:
         return sum(int(m.get("rows_in", 0)) + int(m.get("rows_taken", 0)) for m in replies.values())
 
     def _run_epochs(self, books, report, clock, progress, t0) -> None:  # type: ignore[no-untyped-def]
-        for ep in books:
+        for i, ep in enumerate(books):
+            if self._stopping():
+                # shutdown() from another thread lets the mains finish the epochs they have;
+                # pushing more would keep them busy, and shutdown waiting, to the call's end
+                trained = sum(1 for b in books[:i] if b.split == "train")
+                total = sum(1 for b in books if b.split == "train")
+                raise ClusterStateError(
+                    f"train() stopped after {trained} of its {total} epochs: cluster.shutdown() "
+                    f"was called while it ran, so the rest were not pushed."
+                )
             report.epochs.append(ep.epoch)
             if ep.replay is not None:
                 self._replay_epoch(ep, clock)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import dataplane
-from dataplane.errors import NodeError, ReservationError
+from dataplane.errors import ClusterStateError, NodeError, ReservationError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 from tests.dataplane.mains import (
     describe_main,
@@ -25,6 +25,7 @@ from tests.dataplane.mains import (
     idle_main,
     pull_main,
     raise_mid_feed_main,
+    slow_reader_main,
     slow_serve_main,
     steady_main,
 )
@@ -290,6 +291,41 @@ def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
         assert any("returned from main while data was still being pushed" in m for m in report.messages)
     finally:
         cluster.shutdown()
+
+
+def test_shutdown_from_another_thread_stops_a_train_call_pushing_more_epochs(spark, tmp_path):
+    """A watchdog thread (or a notebook's stop button) calls shutdown while train() still has
+    epochs to push: those are not pushed; train raises saying so, and shutdown does not wait
+    for the mains to read epochs nobody wants any more."""
+    cluster = dataplane.run(spark, slow_reader_main, {"dir": str(tmp_path)}, num_nodes=2,
+                            buffer_bytes=64 * 1024, max_chunk_bytes=16 * 1024)
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = cluster.train(make_df(spark, 6_000, 2), num_epochs=30)
+        except BaseException as e:  # noqa: BLE001
+            outcome["error"] = e
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    try:
+        wait_json(tmp_path / "reading0.json", timeout=60)  # the first pass is being read
+        t0 = time.monotonic()
+        cluster.shutdown(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        t.join(60)
+        cluster.shutdown()
+    # every pass reads 3,000 rows at 50 ms a 64-row batch (2.4 s): 30 epochs take over 70 s
+    assert took < 30, took
+    assert not t.is_alive()
+    err = outcome.get("error")
+    assert isinstance(err, ClusterStateError), outcome
+    msg = str(err)
+    assert "cluster.shutdown() was called while it ran" in msg and "of its 30 epochs" in msg, msg
+    done = int(msg.split("stopped after ")[1].split(" of")[0])
+    assert 1 <= done < 30, msg
 
 
 def test_port_range_exhausted_is_reported_quickly(spark):
