@@ -6,6 +6,7 @@ import logging
 import os
 import posixpath
 import threading
+import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -92,7 +93,11 @@ class NodeContext:
         """
         if timeout is None:
             self.end_feed()
-        return bool(self._buffer.waiting_for_driver(lambda: self._stop.wait(timeout)))
+        self._broker.waiting_since = time.monotonic()  # inference then fails fast unless served
+        try:
+            return bool(self._buffer.waiting_for_driver(lambda: self._stop.wait(timeout)))
+        finally:
+            self._broker.waiting_since = None
 
     def next_pushed_epoch(self, rows: int, convert: Callable[[Any], Any]) -> Iterator[Any] | None:
         """For adapters that consume pushed rows outside tf.data (:mod:`dataplane.compat`):

@@ -37,6 +37,10 @@ CONSUMER_FINISHED = Refusal.CONSUMER_FINISHED.value
 NODE_STOPPING = Refusal.NODE_STOPPING.value
 
 
+# How long an inference request waits for ctx.serve on a node whose main is in ctx.wait_stop().
+WAIT_STOP_GRACE = 3.0
+
+
 class InferenceBroker:
     """Hands inference requests from Flight handler threads to ``ctx.serve`` in main's thread."""
 
@@ -45,6 +49,7 @@ class InferenceBroker:
         self.stopped = threading.Event()
         self.serving = False  # ctx.serve is running: main waits for the driver's requests
         self.closed: str | None = None  # why no answer will ever come (main ended unserving)
+        self.waiting_since: float | None = None  # main blocks in ctx.wait_stop() (monotonic)
         self.rows = 0
         self.batches = 0
 
@@ -56,6 +61,15 @@ class InferenceBroker:
                 raise FeedStopped("the node is shutting down")
             if self.closed is not None and not self.serving and not fut.done():
                 raise NotServing(self.closed)
+            since = self.waiting_since
+            if since is not None and not self.serving and time.monotonic() - since > WAIT_STOP_GRACE:
+                # (the grace: a thread of main's may be about to start ctx.serve)
+                raise NotServing(
+                    "main waits in ctx.wait_stop() without serving inference, so nothing will "
+                    "answer; call ctx.serve(predict) in main on every chief and worker (it "
+                    "returns when the driver shuts down, as wait_stop does) before "
+                    "cluster.inference"
+                )
             try:
                 return fut.result(timeout=0.2)
             except TimeoutError:

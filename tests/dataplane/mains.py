@@ -117,6 +117,13 @@ def early_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         break
 
 
+def wait_stop_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Wait for shutdown in ctx.wait_stop(); with ``serve``, serving from a thread meanwhile."""
+    if args.get("serve"):
+        threading.Thread(target=ctx.serve, args=(lambda b: {"y": b["x"] * 2.0},), daemon=True).start()
+    ctx.wait_stop()
+
+
 def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Wait for shutdown (used where only the lifecycle matters)."""
     while not ctx.should_stop:

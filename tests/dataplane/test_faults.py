@@ -28,6 +28,7 @@ from tests.dataplane.mains import (
     slow_reader_main,
     slow_serve_main,
     steady_main,
+    wait_stop_main,
 )
 from tests.dataplane.test_push import make_df
 
@@ -276,6 +277,25 @@ def test_inference_fails_fast_when_main_ends_without_serving(spark, tmp_path):
         assert "main returned without serving inference" in str(info.value), str(info.value)[-2000:]
     finally:
         cluster.shutdown(timeout=20)
+
+
+def test_inference_fails_fast_on_a_main_waiting_in_wait_stop_without_serving(spark):
+    # a main that ends in ctx.wait_stop() and never calls ctx.serve: the probe used to wait
+    # for feed_timeout (600 s) and then say only "Deadline Exceeded"
+    df = spark.range(0, 100, 1, 2).selectExpr("id", "cast(id as double) as x")
+    with dataplane.run(spark, wait_stop_main, {}, num_nodes=2) as cluster:
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(df, passthrough=("id",)).count()
+        assert time.monotonic() - t0 < 30
+        msg = str(info.value)
+        assert "main waits in ctx.wait_stop() without serving inference" in msg, msg[-2000:]
+        assert "call ctx.serve(predict)" in msg, msg[-2000:]
+    # serving from a thread while main waits there answers as usual
+    with dataplane.run(spark, wait_stop_main, {"serve": True}, num_nodes=2) as cluster:
+        time.sleep(4)  # past the grace an unserved request gets
+        rows = cluster.inference(df, passthrough=("id",)).collect()
+    assert sorted((r.id, r.y) for r in rows) == [(i, 2.0 * i) for i in range(100)]
 
 
 def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
