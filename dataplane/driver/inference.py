@@ -75,6 +75,7 @@ def inference(
     for c in send:
         if c not in in_schema.names:
             raise SchemaError(f"column {c!r} is not in the DataFrame; its columns are {in_schema.names}.")
+    send = _tensor_columns(in_schema, send, passthrough, explicit=columns is not None)
     servers = feeder.live_workers()
     if not servers:
         raise FeedError("no chief or worker node is running main, so nothing can answer inference.")
@@ -149,3 +150,37 @@ def _spark_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_float16(t):
         return pa.float32()
     return t
+
+
+def _tensor_columns(schema: pa.Schema, send: list[str], passthrough: Sequence[str], *, explicit: bool) -> list[str]:
+    """The columns to send predict, checked here rather than by the node's probe: each must
+    have a TensorFlow type. By default (every column) a passthrough column that has none (a
+    decimal key, a map of attributes) is left out, since predict could not read it and it
+    reaches the output from Spark's side; any other such column fails, naming the fix."""
+    from formats.schema import column_specs
+
+    keep, bad = [], []
+    for name in send:
+        try:
+            column_specs(pa.schema([schema.field(name)]))
+        except SchemaError as e:
+            if not explicit and name in passthrough:
+                continue
+            bad.append((name, e))
+            continue
+        keep.append(name)
+    if bad:
+        names = [n for n, _ in bad]
+        fix = (f"leave {'it' if len(bad) == 1 else 'them'} out of columns=" if explicit else
+               f"pass columns= naming the columns predict reads (without {names}), or "
+               f"df.drop({', '.join(repr(n) for n in names)})")
+        raise SchemaError(f"{bad[0][1]} inference sends predict "
+                          f"{'the columns named in columns=' if explicit else 'every column'}; {fix}.")
+    if not keep:
+        raise SchemaError(
+            f"inference: no column of the DataFrame can be sent to predict as a tensor (its "
+            f"columns: {schema.names}); cast the inputs predict reads to numbers, "
+            f"strings or arrays of them."
+        )
+    return keep
+

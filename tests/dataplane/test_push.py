@@ -287,6 +287,25 @@ def test_inference_rejects_unknown_passthrough(spark, cluster):
         cluster.inference(make_df(spark, 10, 1), passthrough=("nope",))
 
 
+def test_inference_keeps_passthrough_keys_tensorflow_cannot_hold_out_of_predict(spark, cluster):
+    # a decimal key and a map of attributes come back untouched from Spark's side; a column
+    # predict would be sent that no tensor can hold is refused on the driver, with the fix
+    df = make_df(spark, 300, 2).selectExpr(
+        "id", "x", "vec", "cast(id as decimal(10, 2)) as price", "map('k', id) as attrs")
+    out = cluster.inference(df, passthrough=("id", "price", "attrs")).toPandas()
+    out = out.sort_values("id").reset_index(drop=True)
+    assert list(out.columns) == ["id", "price", "attrs", "y", "vec_sum", "mask"]
+    assert [float(p) for p in out["price"]] == list(np.arange(300.0))
+    assert [dict(a)["k"] for a in out["attrs"]] == list(range(300))
+    np.testing.assert_allclose(out["y"].to_numpy(), np.arange(300) * 0.5 * 2.0)
+    with pytest.raises(SchemaError) as info:
+        cluster.inference(df, passthrough=("id", "attrs"))
+    msg = str(info.value)
+    assert "column 'price'" in msg and "decimal" in msg and "pass columns=" in msg, msg
+    with pytest.raises(SchemaError, match="leave it out of columns="):
+        cluster.inference(df, passthrough=("id",), columns=("x", "vec", "attrs"))
+
+
 def _serve_a_tensor_main(args, ctx):  # type: ignore[no-untyped-def]
     import tensorflow as tf
 
