@@ -310,7 +310,9 @@ def push_dataset(
     names = list(info.schema.names)
     if label is not None and label not in names:
         raise SchemaError(
-            f"label column {label!r} is not in the pushed DataFrame; its columns are {names}."
+            f"label column {label!r} is not in the pushed DataFrame"
+            + (" of the validation split (train(validation=...))" if split == "validation" else "")
+            + f"; its columns are {names}."
         )
     single = isinstance(features, str)  # one column: yield its tensor, not a dict
     if features is None:

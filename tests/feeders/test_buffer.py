@@ -694,3 +694,20 @@ def test_rows_a_pass_took_before_the_hold_are_not_yielded_from_a_withdrawn_epoch
     assert len(out) == 1 and isinstance(out[0], EpochWithdrawn), out
     assert buf.epoch_state(0)["emitted"] == 0 and buf.snapshot()["rows_out"] == 0
 
+
+def test_a_label_missing_from_the_validation_split_names_that_split():
+    # train(df, validation=df_val) where df_val lacks the label: the node's error says which
+    # DataFrame it is, not just "the pushed DataFrame"
+    from feeders.source import push_dataset
+    from formats.errors import SchemaError
+
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "validation")
+    with pytest.raises(SchemaError) as info:
+        push_dataset(buf, batch_size=4, num_workers=1, label="y", split="validation")
+    msg = str(info.value)
+    assert "label column 'y' is not in the pushed DataFrame of the validation split" in msg, msg
+    assert "train(validation=...)" in msg and "['id']" in msg, msg
+    with pytest.raises(SchemaError) as info:
+        push_dataset(buf, batch_size=4, num_workers=1, label="y")
+    assert "validation" not in str(info.value), str(info.value)
