@@ -161,6 +161,17 @@ def iterate_epoch(
         buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure)
 
 
+def _reads_the_same(pushed: pa.Schema, built: pa.Schema, wanted: Sequence[str] | None) -> bool:
+    """Whether a dataset built for ``built`` can read an epoch pushed as ``pushed``: the same
+    columns, or with ``features=`` named (``wanted``), those columns the same whatever else
+    the later DataFrame carries (a train() call on a frame with one more column)."""
+    if wanted is None:
+        return same_columns(pushed, built)
+    if any(c not in pushed.names for c in wanted):
+        return False
+    return same_columns(pa.schema([pushed.field(c) for c in wanted]), pa.schema([built.field(c) for c in wanted]))
+
+
 def _item_end(taken: int, per_item: int) -> int:
     """Where the item after ``taken`` batches of a pass ends: at the next power of two (at most
     ``per_item``), then at the next multiple of ``per_item`` (1, 2, 4, ..., 64, 128, 192, ...)."""
@@ -343,7 +354,7 @@ def push_dataset(
         got = buffer.wait_epoch_info(epoch)
         if got is None:
             return None
-        if not same_columns(got.schema, epoch_schema):
+        if not _reads_the_same(got.schema, epoch_schema, None if features is None else wanted):
             raise FeedError(
                 f"epoch {epoch} was pushed with columns ({schema_text(got.schema)}), but this "
                 f"dataset was built for ({schema_text(epoch_schema)}); call ctx.dataset() again "

@@ -163,7 +163,9 @@ class NodeContext:
         return; iterating it again reads only epochs pushed after that.
 
         Blocks until the driver starts the first ``train`` (the tensor specs come from the
-        pushed DataFrame's schema).
+        pushed DataFrame's schema). A later ``train`` call may push a DataFrame with more
+        columns when ``features`` names the ones read; any other change to the columns read
+        needs a new ``ctx.dataset()``.
 
         Args:
             batch_size: rows per batch (default 128, a common Keras default). Under

@@ -711,3 +711,40 @@ def test_a_label_missing_from_the_validation_split_names_that_split():
     with pytest.raises(SchemaError) as info:
         push_dataset(buf, batch_size=4, num_workers=1, label="y")
     assert "validation" not in str(info.value), str(info.value)
+
+
+def test_a_dataset_naming_its_features_reads_a_later_frame_with_more_columns():
+    # fit carried on across train() calls, the second DataFrame with one more column: a
+    # dataset built with features= reads what it names and ignores the rest; a change to a
+    # column it reads (or to any column, for a dataset of every column) is still refused
+    from feeders.source import push_dataset
+
+    base = pa.schema([("id", pa.int64()), ("x", pa.float32())])
+    wider = base.append(pa.field("z", pa.int32()))
+    recast = pa.schema([("id", pa.int64()), ("x", pa.float64())])
+
+    def push(buf, epoch, schema):  # type: ignore[no-untyped-def]
+        ids = np.arange(epoch * 100, epoch * 100 + 6)
+        cols = [pa.array(ids), pa.array(ids * 0.5).cast(schema.field("x").type)]
+        cols += [pa.array(ids.astype(np.int32))] if "z" in schema.names else []
+        buf.begin_epoch(EpochInfo(epoch, schema))
+        buf.put_stream(epoch, 0, iter([pa.RecordBatch.from_arrays(cols, schema=schema)]))
+        buf.end_epoch(epoch, 6)
+
+    buf = FeedBuffer(1 << 20)
+    for epoch, schema in enumerate((base, wider, recast)):
+        push(buf, epoch, schema)
+    ds = push_dataset(buf, batch_size=4, num_workers=1, features=["x"], label="id")
+    assert [i for _, y in ds for i in y.numpy().tolist()] == list(range(6))
+    got = [(x, y) for xs, ys in ds for x, y in zip(xs["x"].numpy().tolist(), ys.numpy().tolist())]
+    assert got == [(0.5 * i, i) for i in range(100, 106)]
+    with pytest.raises(Exception, match="FeedError: epoch 2 was pushed with columns .id: int64, x: double."):
+        list(ds)
+
+    buf = FeedBuffer(1 << 20)
+    for epoch, schema in enumerate((base, wider)):
+        push(buf, epoch, schema)
+    ds = push_dataset(buf, batch_size=4, num_workers=1)
+    assert sum(int(b["id"].shape[0]) for b in ds) == 6
+    with pytest.raises(Exception, match="FeedError: epoch 1 was pushed .* call ctx.dataset.. again"):
+        list(ds)
