@@ -435,8 +435,9 @@ def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec, *, elements: bool =
         arr = arr.dictionary_decode()
     if arr.null_count:
         if spec.fill is None:
-            where = (f"null element(s) inside its lists ({len(arr)} elements in this batch)"
-                     if elements else f"null value(s) in a batch of {len(arr)}")
+            # (the rows converted at once: often several of the user's batches)
+            where = (f"null element(s) inside its lists ({len(arr)} elements in the rows read "
+                     f"together)" if elements else f"null value(s) among {len(arr)} rows read together")
             raise SchemaError(
                 f"column {name!r} has {arr.null_count} {where}; "
                 f"TensorFlow tensors cannot hold nulls. Give a fill value "
