@@ -47,6 +47,7 @@ __all__ = [
     "ColumnSpec",
     "RaggedColumn",
     "column_specs",
+    "untensorable_columns",
     "column_array",
     "list_offsets",
     "declare_shapes",
@@ -355,6 +356,18 @@ def column_specs(
         check_fill_value(name, dtype, fill_values.get(name))
         specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name), arrow_type))
     return specs
+
+
+def untensorable_columns(schema: pa.Schema, names: Sequence[str] | None = None) -> list[tuple[str, SchemaError]]:
+    """The columns of ``schema`` (``names``, default all, in that order) that no tensor can
+    hold, each with the :class:`SchemaError` saying why and how to convert it."""
+    bad: list[tuple[str, SchemaError]] = []
+    for name in schema.names if names is None else names:
+        try:
+            column_specs(pa.schema([schema.field(name)]))
+        except SchemaError as e:
+            bad.append((name, e))
+    return bad
 
 
 def _declared_shape(name: str, raw: Any, shape: tuple[int | None, ...]) -> tuple[int, ...]:

@@ -768,14 +768,9 @@ def _check_column_types(schema: pa.Schema, what: str) -> None:
     """Every column must have a TensorFlow type: the pushing job sends them all. The error
     names the first bad column, says how to convert it, and lists every column that cannot
     go, for the program that reads only some columns to drop the rest."""
-    from formats.schema import column_specs
+    from formats.schema import untensorable_columns
 
-    bad: list[tuple[str, SchemaError]] = []
-    for f in schema:
-        try:
-            column_specs(pa.schema([f]))
-        except SchemaError as e:
-            bad.append((f.name, e))
+    bad = untensorable_columns(schema)
     if bad:
         names = ", ".join(repr(n) for n, _ in bad)
         raise SchemaError(

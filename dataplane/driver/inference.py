@@ -157,18 +157,12 @@ def _tensor_columns(schema: pa.Schema, send: list[str], passthrough: Sequence[st
     have a TensorFlow type. By default (every column) a passthrough column that has none (a
     decimal key, a map of attributes) is left out, since predict could not read it and it
     reaches the output from Spark's side; any other such column fails, naming the fix."""
-    from formats.schema import column_specs
+    from formats.schema import untensorable_columns
 
-    keep, bad = [], []
-    for name in send:
-        try:
-            column_specs(pa.schema([schema.field(name)]))
-        except SchemaError as e:
-            if not explicit and name in passthrough:
-                continue
-            bad.append((name, e))
-            continue
-        keep.append(name)
+    untensorable = untensorable_columns(schema, send)
+    left_out = {n for n, _ in untensorable}
+    keep = [n for n in send if n not in left_out]
+    bad = [(n, e) for n, e in untensorable if explicit or n not in passthrough]
     if bad:
         names = [n for n, _ in bad]
         fix = (f"leave {'it' if len(bad) == 1 else 'them'} out of columns=" if explicit else
