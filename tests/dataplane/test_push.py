@@ -304,6 +304,12 @@ def test_inference_keeps_passthrough_keys_tensorflow_cannot_hold_out_of_predict(
     assert "column 'price'" in msg and "decimal" in msg and "pass columns=" in msg, msg
     with pytest.raises(SchemaError, match="leave it out of columns="):
         cluster.inference(df, passthrough=("id",), columns=("x", "vec", "attrs"))
+    # every column a passthrough of a type TF lacks: nothing would reach predict
+    with pytest.raises(SchemaError) as info:
+        cluster.inference(df.select("price", "attrs"), passthrough=("price", "attrs"))
+    assert str(info.value) == (
+        "inference: no column of the DataFrame can be sent to predict as a tensor (its columns: "
+        "['price', 'attrs']); cast the inputs predict reads to numbers, strings or arrays of them.")
 
 
 def _serve_a_tensor_main(args, ctx):  # type: ignore[no-untyped-def]
