@@ -215,10 +215,10 @@ class Cluster:
         raises :class:`ClusterStateError`. A busy main that never checks ``ctx.should_stop``
         is waited for however long it runs (a pull-mode training run goes to its end; the log
         says every minute what shutdown waits for, and Ctrl-C stops the nodes at once); one
-        that polls the flag is told to stop once ``timeout`` runs out. Then every node is told to stop: datasets
-        waiting for more data end, ``ctx.serve`` returns, and a main that still runs after
-        ``stop_grace`` seconds is ended with its process; a parameter server's (its
-        ``server.join()`` never returns) after one second.
+        that polls the flag is told to stop once ``timeout`` runs out. Then every node is told
+        to stop: datasets waiting for more data end, ``ctx.serve`` returns, and a main that
+        still runs after ``stop_grace`` seconds is ended with its process; a parameter
+        server's (its ``server.join()`` never returns) after one second.
 
         ``drain=False`` skips the first step: the nodes are told to stop at once, and a main
         still running gets one second instead of ``stop_grace``. Leaving a
