@@ -6,7 +6,6 @@ import logging
 import os
 import posixpath
 import threading
-import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -93,11 +92,11 @@ class NodeContext:
         """
         if timeout is None:
             self.end_feed()
-        self._broker.waiting_since = time.monotonic()  # inference then fails fast unless served
+        self._broker.enter_wait()  # inference then fails fast unless served
         try:
             return bool(self._buffer.waiting_for_driver(lambda: self._stop.wait(timeout)))
         finally:
-            self._broker.waiting_since = None
+            self._broker.leave_wait()
 
     def next_pushed_epoch(self, rows: int, convert: Callable[[Any], Any]) -> Iterator[Any] | None:
         """For adapters that consume pushed rows outside tf.data (:mod:`dataplane.compat`):

@@ -39,6 +39,8 @@ NODE_STOPPING = Refusal.NODE_STOPPING.value
 
 # How long an inference request waits for ctx.serve on a node whose main is in ctx.wait_stop().
 WAIT_STOP_GRACE = 3.0
+# Calls of ctx.wait_stop(timeout) less than this far apart (a polling loop) are one wait.
+WAIT_STOP_GAP = 1.0
 
 
 class InferenceBroker:
@@ -50,6 +52,8 @@ class InferenceBroker:
         self.serving = False  # ctx.serve is running: main waits for the driver's requests
         self.closed: str | None = None  # why no answer will ever come (main ended unserving)
         self.waiting_since: float | None = None  # main blocks in ctx.wait_stop() (monotonic)
+        self._left_wait: float | None = None  # when main's last ctx.wait_stop() returned
+        self._wait_start: float | None = None  # when the current run of wait_stop calls began
         self.rows = 0
         self.batches = 0
 
@@ -74,6 +78,18 @@ class InferenceBroker:
                 return fut.result(timeout=0.2)
             except TimeoutError:
                 continue
+
+    def enter_wait(self) -> None:
+        """Main calls ``ctx.wait_stop()``. A call soon after the last one returned continues
+        that wait, so a loop of short ``wait_stop(timeout)`` calls counts as one long wait."""
+        now = time.monotonic()
+        if self._left_wait is None or now - self._left_wait > WAIT_STOP_GAP:
+            self._wait_start = now
+        self.waiting_since = self._wait_start
+
+    def leave_wait(self) -> None:
+        self.waiting_since = None
+        self._left_wait = time.monotonic()
 
     def close(self, reason: str) -> None:
         """Main has ended without ``ctx.serve`` running: fail waiting and later requests."""

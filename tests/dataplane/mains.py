@@ -118,9 +118,14 @@ def early_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
 
 def wait_stop_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
-    """Wait for shutdown in ctx.wait_stop(); with ``serve``, serving from a thread meanwhile."""
+    """Wait for shutdown in ctx.wait_stop() (``poll``: in a loop of waits that long); with
+    ``serve``, serving from a thread meanwhile."""
     if args.get("serve"):
         threading.Thread(target=ctx.serve, args=(lambda b: {"y": b["x"] * 2.0},), daemon=True).start()
+    if args.get("poll"):  # a loop of short waits, doing a little work between them
+        while not ctx.wait_stop(args["poll"]):
+            time.sleep(0.05)
+        return
     ctx.wait_stop()
 
 

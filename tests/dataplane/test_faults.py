@@ -291,6 +291,13 @@ def test_inference_fails_fast_on_a_main_waiting_in_wait_stop_without_serving(spa
         msg = str(info.value)
         assert "main waits in ctx.wait_stop() without serving inference" in msg, msg[-2000:]
         assert "call ctx.serve(predict)" in msg, msg[-2000:]
+    # the same main waiting in a loop of waits shorter than the grace
+    with dataplane.run(spark, wait_stop_main, {"poll": 0.5}, num_nodes=1) as cluster:
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(df, passthrough=("id",)).count()
+        assert time.monotonic() - t0 < 30
+        assert "main waits in ctx.wait_stop() without serving inference" in str(info.value)
     # serving from a thread while main waits there answers as usual
     with dataplane.run(spark, wait_stop_main, {"serve": True}, num_nodes=2) as cluster:
         time.sleep(4)  # past the grace an unserved request gets
