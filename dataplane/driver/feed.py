@@ -660,6 +660,7 @@ class Feeder:
             left_early: dict[int, int] = {}
             returned: dict[int, int] = {}
             ended: dict[int, int] = {}  # main runs, but reads no more (ctx.end_feed, ctx.serve)
+            remainders: dict[int, int] = {}  # a whole pass read, its last partial batch dropped
             pushed = sum(ep.assigned.values())
             if pushed == 0 and ep.split not in empty:
                 empty.add(ep.split)
@@ -685,6 +686,8 @@ class Feeder:
                     dropped = received - ep.limits.get(nid, ep.limit or 0)
                     report.dropped_for_balance += dropped
                     left = assigned - st.emitted - dropped
+                    if left:  # only ctx.dataset(drop_remainder=True) leaves rows of a whole pass
+                        remainders[nid] = left
                 else:
                     left = assigned - st.emitted
                     if left:
@@ -719,6 +722,14 @@ class Feeder:
                     f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(ended)} ended their feed "
                     f"(ctx.end_feed(), ctx.wait_stop() or ctx.serve()); {sum(ended.values())} "
                     f"row(s) were refused."
+                )
+                report.messages.append(msg)
+                logger.info(msg)
+            if remainders:
+                msg = (
+                    f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(remainders)} dropped the "
+                    f"last partial batch of the pass (ctx.dataset(drop_remainder=True)): "
+                    f"{sum(remainders.values())} row(s) not read."
                 )
                 report.messages.append(msg)
                 logger.info(msg)

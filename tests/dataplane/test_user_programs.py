@@ -95,7 +95,8 @@ def user_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
                    "val_loss": [float(v) for v in hist.history["val_loss"]]}
             _write(path, rec)
             continue
-        ds = ctx.dataset(bs, features=["id", "x"], label="label") if pattern != "validation_only" else None
+        ds = ctx.dataset(bs, features=["id", "x"], label="label", drop_remainder=sc.get("drop_remainder", False)) \
+            if pattern != "validation_only" else None
         if pattern == "tf_cache":  # TensorFlow's own cache: it reads the feed's first pass only
             ds = ds.cache()
         val = ctx.dataset(bs, features=["id", "x"], label="label", split="validation") \
@@ -281,6 +282,40 @@ def test_two_trains_cached_then_uncached_then_inference(spark, tmp_path):
             assert sum(len(e) for n in workers for e in seen[n]["train"]) == handed
         out = cluster.inference(spark.range(0, 300, 1, 3), passthrough=("id",)).collect()
         assert sorted((r["id"], r["y"]) for r in out) == [(i, 2.0 * i) for i in range(300)]
+    finally:
+        _stop(cluster, pids)
+
+
+def test_drop_remainder_on_two_workers_pushed_then_cached(spark, tmp_path):
+    """ctx.dataset(64, drop_remainder=True), as custom MWMS loops want static batch shapes:
+    every batch whole and the same count on both workers, each epoch's ids once at most, and
+    the tails dropped are the report's rows_unconsumed, each epoch saying why."""
+    rows, bs = 1000, 64
+    scenarios = [{"pattern": "full", "read_epochs": 2, "batch_size": bs, "drop_remainder": True}] * 2
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        for j, cache in enumerate([False, True]):
+            before = _rows_out(cluster)
+            report = cluster.train(_frame(spark, 0, rows, 3), 2, FEED_TIMEOUT, cache=cache, shuffle=cache, seed=3)
+            assert report.rows == 2 * rows and report.spark_jobs == (1 if cache else 2), report
+            handed = _balanced(cluster, report, before)
+            seen = {n: wait_json(tmp_path / f"node{n}-s{j}.json") for n in workers}
+            for e in range(2):
+                per = [seen[n]["train"][e] for n in workers]
+                assert len(per[0]) == len(per[1]) and len(per[0]) % bs == 0 and len(per[0]) > 0, [len(p) for p in per]
+                union = per[0] + per[1]
+                assert len(union) == len(set(union)) and set(union) <= set(range(rows))
+                # a worker's share is at least rows // 2 - 1 after balancing: less than a batch left
+                assert rows - len(union) - report.dropped_for_balance // 2 < 2 * bs, (e, len(union))
+            assert handed == sum(len(ids) for n in workers for ids in seen[n]["train"])
+            dropped = 2 * rows - handed - report.dropped_for_balance
+            assert dropped > 0 and sum(report.rows_unconsumed.values()) == dropped, report
+            notes = [m for m in report.messages if "drop_remainder=True" in m]
+            assert len(notes) == 2, report.messages  # one for each epoch
+            assert sum(int(m.split(": ")[-1].split(" row")[0]) for m in notes) == dropped, notes
+            assert all(f"node(s) {sorted(workers)} dropped the last partial batch" in m for m in notes), notes
     finally:
         _stop(cluster, pids)
 
