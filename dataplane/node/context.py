@@ -66,6 +66,7 @@ class NodeContext:
         # set once main reads should_stop: cluster.shutdown may then stop it while it is busy
         self._polls_stop = polls_stop if polls_stop is not None else threading.Event()
         self._epoch_lock = threading.Lock()
+        self._main_thread = threading.current_thread()  # made by the thread that runs main
 
     def __repr__(self) -> str:
         return f"NodeContext({self.role} {self.index}, node {self.node_id}, {self.num_workers} workers)"
@@ -244,7 +245,14 @@ class NodeContext:
                 An output of shape ``[rows, n]`` becomes an ``array`` column, ``[rows, h, w]``
                 an ``array<array<...>>`` one (a segmentation mask keeps its shape); unsigned
                 and half-precision values widen to types Spark holds.
+
+        Called in main's own thread, this also ends the node's feed, as ``wait_stop()`` does:
+        main reads no more pushed rows, so a ``cluster.train`` made meanwhile returns at once
+        with them refused (``FeedReport.messages`` says so) instead of waiting
+        ``feed_timeout``. To go on training while serving, serve from a thread.
         """
+        if threading.current_thread() is self._main_thread:
+            self.end_feed()
         broker = self._broker
         broker.serving = True
         try:

@@ -320,6 +320,38 @@ def test_drop_remainder_on_two_workers_pushed_then_cached(spark, tmp_path):
         _stop(cluster, pids)
 
 
+def test_train_after_main_went_on_to_serve_returns_with_the_rows_refused(spark, tmp_path):
+    """main trains on one pushed epoch, then serves in its own thread; a second train() (a
+    fine-tuning pass the program will never read) used to wait feed_timeout and then blame
+    the node for not reading. It returns at once, the rows refused and the report saying so,
+    and inference goes on answering."""
+    rows = 600
+    scenarios = [{"pattern": "full", "read_epochs": 1, "batch_size": 50}]
+    cluster = dataplane.run(spark, user_main, {"dir": str(tmp_path), "scenarios": scenarios, "serve": True},
+                            num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        report = cluster.train(_frame(spark, 0, rows, 3), 1, FEED_TIMEOUT)
+        assert report.rows_unconsumed == {} and report.rows == rows, report
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        _full_epochs(seen, workers, "train", range(rows), 1)
+        out = cluster.inference(spark.range(0, 200, 1, 2), passthrough=("id",)).collect()
+        assert sorted((r["id"], r["y"]) for r in out) == [(i, 2.0 * i) for i in range(200)]
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(_frame(spark, 10_000, rows, 3), 2, FEED_TIMEOUT)
+        assert time.monotonic() - t0 < 30, time.monotonic() - t0
+        assert _balanced(cluster, report, before) == 0
+        assert sum(report.rows_unconsumed.values()) == 2 * rows - report.dropped_for_balance, report
+        notes = [m for m in report.messages if "ended their feed" in m]
+        assert notes and all("ctx.serve()" in m for m in notes), report.messages
+        out = cluster.inference(spark.range(0, 50, 1, 2), passthrough=("id",)).collect()
+        assert sorted((r["id"], r["y"]) for r in out) == [(i, 2.0 * i) for i in range(50)]
+    finally:
+        _stop(cluster, pids)
+
+
 def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(spark, tmp_path):
     """Partitions that are empty, one partition, fifty partitions; then a main that reads one
     of three cached epochs and returns."""
