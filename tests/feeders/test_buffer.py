@@ -586,17 +586,20 @@ def test_the_collector_runs_for_an_idle_pass_only_and_less_often_each_time(monke
 
     runs: list[float] = []
     monkeypatch.setattr(fb, "gc", types.SimpleNamespace(collect=lambda: runs.append(time.monotonic())))
-    monkeypatch.setattr(fb, "COLLECT_AFTER", 0.1)
+    # read all along: one item every 20 ms. The idle limit is 25 such gaps: a loaded CI machine
+    # (both stacks at once) once held this loop back for over 0.1 s, which a reader is not
+    monkeypatch.setattr(fb, "COLLECT_AFTER", 0.5)
     monkeypatch.setattr(fb, "COLLECT_MAX", 0.4)
     buf = FeedBuffer(1 << 20)
     _announce(buf, "train", "train")
     assert buf.claim_epoch("train") == 0
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 1.0:  # read all along: one item every 20 ms
+    while time.monotonic() - t0 < 1.0:
         buf.emit(0, 1)
         buf.wait_closed(0, 0.02)
     assert runs == []
     buf.finish_epoch(0, 50)
+    monkeypatch.setattr(fb, "COLLECT_AFTER", 0.1)
     assert buf.claim_epoch("train") == 1
     t0 = time.monotonic()
     while time.monotonic() - t0 < 1.6:  # never read: after 0.1 s idle, then 0.2, 0.4, 0.4, ...
