@@ -19,7 +19,9 @@ not set: TFoS 2.2.5 programs are ``tf.keras`` 2 programs (``model.save(..., save
 Refused, with the replacement named: DStreams
 (:func:`dataplane.workloads.streaming.feed_stream`), ``driver_ps_nodes`` (count the ps in
 ``num_executors``). Every element of a fed RDD must have the layout of the first (same tuple
-length and field kinds); N-d array fields arrive flattened.
+length and field kinds); a numeric field takes the widest type among the first
+:data:`TYPE_SAMPLE` elements, and a later value that type cannot hold is refused, never cut. N-d
+array fields arrive flattened.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 
 from dataplane.compat.TFNode import TFNodeContext, column_name
 from dataplane.errors import ClusterStateError, SchemaError
+from formats.staging import task_error
 
 __all__ = ["TFCluster", "InputMode", "run", "rdd_to_dataframe"]
 
@@ -170,51 +173,126 @@ def run(
     return TFCluster(cluster, spark, num_executors=num_executors, input_mode=input_mode)
 
 
-def _field_kind(value: Any, where: str) -> tuple[str, Any]:
-    """(kind, Spark type) of one field value of an RDD element."""
-    from pyspark.sql import types as T
+#: Elements read on the driver to type the pushed columns; a later element whose numbers do not
+#: fit those types (a float where only integers were seen) is refused, never cut.
+TYPE_SAMPLE = 100
 
+_NUMERIC_RANK = {"boolean": 0, "bigint": 1, "float": 2, "double": 3}
+_NUMPY_OF = {"float": np.float32, "double": np.float64, "bigint": np.int64, "boolean": np.bool_}
+
+
+def _numeric_type(dtype: Any) -> str | None:
+    """Spark simple type name of a numpy dtype's values, or None if not numeric."""
+    if dtype == np.float32:
+        return "float"
+    if np.issubdtype(dtype, np.floating):
+        return "double"
+    if np.issubdtype(dtype, np.bool_):
+        return "boolean"
+    if np.issubdtype(dtype, np.integer):
+        return "bigint"
+    return None
+
+
+def _field_kind(value: Any, where: str) -> tuple[str, str]:
+    """(kind, Spark simple type name) of one field value of an RDD element."""
     if isinstance(value, (bool, np.bool_)):
-        return "num", T.BooleanType()
+        return "num", "boolean"
     if isinstance(value, (int, np.integer)):
-        return "num", T.LongType()
+        return "num", "bigint"
     if isinstance(value, np.float32):
-        return "num", T.FloatType()
+        return "num", "float"
     if isinstance(value, (float, np.floating)):
-        return "num", T.DoubleType()
+        return "num", "double"
     if isinstance(value, str):
-        return "str", T.StringType()
+        return "str", "string"
     if isinstance(value, (bytes, bytearray)):
-        return "bin", T.BinaryType()
+        return "bin", "binary"
     if isinstance(value, (list, tuple, np.ndarray)):
         arr = np.asarray(value)
-        if arr.dtype == np.float32:
-            elem = T.FloatType()
-        elif np.issubdtype(arr.dtype, np.floating):
-            elem = T.DoubleType()
-        elif np.issubdtype(arr.dtype, np.bool_):
-            elem = T.BooleanType()
-        elif np.issubdtype(arr.dtype, np.integer):
-            elem = T.LongType()
-        else:
+        elem = _numeric_type(arr.dtype) if arr.size else "bigint"
+        if elem is None:
             raise SchemaError(
                 f"{where} is an array of {arr.dtype}; only numeric arrays can be fed. "
                 f"Convert it to numbers in the RDD (rdd.map(...)) before cluster.train."
             )
-        return "arr", T.ArrayType(elem, containsNull=False)
+        return "arr", elem
     raise SchemaError(
         f"{where} is a {type(value).__name__} ({value!r:.60}); feedable fields are numbers, "
         f"str, bytes and numeric lists/arrays. Map the RDD to those before cluster.train."
     )
 
 
-class _Encoder:
-    """Executor side: one RDD element -> one row tuple of plain Python values."""
+def _wider(a: str, b: str) -> str:
+    if a in _NUMERIC_RANK and b in _NUMERIC_RANK:
+        if {a, b} == {"float", "bigint"}:
+            return "double"  # float32 cannot hold every int64
+        return a if _NUMERIC_RANK[a] >= _NUMERIC_RANK[b] else b
+    return a
 
-    def __init__(self, layout: str, kinds: list[str], dtypes: list[Any]) -> None:
+
+def _layout(element: Any) -> tuple[str, list[Any]]:
+    if isinstance(element, tuple):
+        return "tuple", list(element)
+    if isinstance(element, list) and element and not all(
+        isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in element
+    ):
+        return "list", list(element)  # a record such as [label, "text", [pixels]]
+    return "value", [element]  # a scalar, or one numeric vector
+
+
+class _Encoder:
+    """Executor side: one RDD element -> one row tuple of plain Python values of the column types.
+
+    Numbers are widened to the column's type (an int in a double column); a value the type cannot
+    hold exactly (1.5 in a bigint column, 2 in a boolean one) raises :class:`SchemaError`.
+    """
+
+    def __init__(self, layout: str, kinds: list[str], types: list[str]) -> None:
         self.layout = layout
         self.kinds = kinds
-        self.dtypes = dtypes
+        self.types = types
+
+    def _refuse(self, index: int, value: Any, why: str) -> SchemaError:
+        if self.kinds[index] in ("num", "arr"):
+            fix = (f"Make field {index} floating point in every element (float(v), or "
+                   f"np.asarray(v, np.float32) for arrays, in an rdd.map) before "
+                   f"cluster.train/inference.")
+        else:
+            fix = f"Give field {index} the same type in every element before cluster.train."
+        seen = {"bigint": "integers", "boolean": "booleans", "float": "float32 numbers",
+                "double": "numbers"}.get(self.types[index], self.types[index])
+        return SchemaError(
+            f"field {index} of an RDD element is {value!r:.60}, but the first {TYPE_SAMPLE} "
+            f"elements held only {seen} there, so field {index} was typed {self.types[index]} "
+            f"and {why}. {fix}"
+        )
+
+    def _number(self, index: int, value: Any) -> Any:
+        target = self.types[index]
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value) if target == "boolean" else (float(value) if target in (
+                "float", "double") else int(value))
+        if not isinstance(value, (int, float, np.number)):
+            raise self._refuse(index, value, "it is not a number")
+        if target in ("float", "double"):
+            return float(value)
+        if target == "bigint" and float(value).is_integer():
+            return int(value)
+        raise self._refuse(index, value, "it would lose its fraction")
+
+    def _array(self, index: int, value: Any) -> list:
+        target = self.types[index]
+        arr = np.asarray(value)
+        if arr.size and _numeric_type(arr.dtype) is None:
+            raise self._refuse(index, value, f"its {arr.dtype} values are not numbers")
+        out = arr.astype(_NUMPY_OF[target]).ravel()
+        if arr.size and _NUMERIC_RANK[_numeric_type(arr.dtype)] > _NUMERIC_RANK[target] and not (
+            np.array_equal(out, arr.ravel())
+        ):
+            raise self._refuse(index, value, "its values would be cut to " + (
+                "integers" if target == "bigint" else "booleans"))
+        return out.tolist()
 
     def __call__(self, element: Any) -> tuple:
         fields = list(element) if self.layout in ("tuple", "list") else [element]
@@ -224,58 +302,73 @@ class _Encoder:
                 f"{len(self.kinds)}; every element fed to cluster.train needs the same layout."
             )
         out = []
-        for value, kind, dtype in zip(fields, self.kinds, self.dtypes):
+        for i, (value, kind) in enumerate(zip(fields, self.kinds)):
             if kind == "arr":
-                out.append(np.asarray(value, dtype=dtype).ravel().tolist())
+                out.append(self._array(i, value))
             elif kind == "num":
-                out.append(value.item() if hasattr(value, "item") else value)
+                out.append(self._number(i, value))
             elif kind == "bin":
+                if not isinstance(value, (bytes, bytearray)):
+                    raise self._refuse(i, value, "it is not bytes")
                 out.append(bytes(value))
             else:
+                if not isinstance(value, str):
+                    raise self._refuse(i, value, "it is not a str")
                 out.append(value)
         return tuple(out)
-
-
-_NUMPY_OF = {"float": np.float32, "double": np.float64, "bigint": np.int64, "boolean": np.bool_}
 
 
 def rdd_to_dataframe(spark: Any, rdd: Any) -> Any:
     """Turn an RDD of TFoS-style elements into the DataFrame pushed to the nodes.
 
     The column names record the element layout (see ``TFNode.column_name``) so the nodes
-    rebuild each element as it was: a tuple, a list, or a single value.
+    rebuild each element as it was: a tuple, a list, or a single value. Each column's type is
+    the widest seen in the first :data:`TYPE_SAMPLE` elements (ints and floats in one field make
+    it floating point); later elements that the type cannot hold exactly are refused.
 
     Raises:
         SchemaError: the RDD is empty or a field cannot be carried.
     """
     from pyspark.sql import types as T
 
-    sample = rdd.take(1)
+    sample = rdd.take(TYPE_SAMPLE)
     if not sample:
         raise SchemaError("cluster.train/inference got an empty RDD; there is nothing to feed.")
-    first = sample[0]
-    if isinstance(first, tuple):
-        layout, fields = "tuple", list(first)
-    elif isinstance(first, list) and first and not all(
-        isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in first
-    ):
-        layout, fields = "list", list(first)  # a record such as [label, "text", [pixels]]
-    else:
-        layout, fields = "value", [first]  # a scalar, or one numeric vector
+    layout, fields = _layout(sample[0])
     if not fields:
         raise SchemaError("the first RDD element is an empty tuple/list; nothing to feed.")
-    kinds, types, dtypes = [], [], []
+    kinds, types = [], []
     for i, value in enumerate(fields):
-        kind, spark_type = _field_kind(value, f"field {i} of the first RDD element")
+        kind, type_name = _field_kind(value, f"field {i} of the first RDD element")
         kinds.append(kind)
-        types.append(spark_type)
-        elem = spark_type.elementType if isinstance(spark_type, T.ArrayType) else None
-        dtypes.append(_NUMPY_OF.get(elem.simpleString()) if elem is not None else None)
+        types.append(type_name)
+    for n, element in enumerate(sample[1:], start=1):
+        other = list(element) if layout in ("tuple", "list") and isinstance(
+            element, (tuple, list)) else [element]
+        if len(other) != len(fields):
+            raise SchemaError(
+                f"RDD element {n} has {len(other)} fields but the first element had "
+                f"{len(fields)}; every element fed to cluster.train needs the same layout."
+            )
+        for i, value in enumerate(other):
+            kind, type_name = _field_kind(value, f"field {i} of RDD element {n}")
+            if kind != kinds[i]:
+                raise SchemaError(
+                    f"field {i} of RDD element {n} is {value!r:.60} ({type_name}) but the first "
+                    f"element's field {i} is {types[i]}; every element needs the same field kinds."
+                )
+            types[i] = _wider(types[i], type_name)
+    spark_types = {"boolean": T.BooleanType(), "bigint": T.LongType(), "float": T.FloatType(),
+                   "double": T.DoubleType(), "string": T.StringType(), "binary": T.BinaryType()}
     schema = T.StructType([
-        T.StructField(column_name(layout, i, k), t, nullable=False)
+        T.StructField(
+            column_name(layout, i, k),
+            T.ArrayType(spark_types[t], containsNull=False) if k == "arr" else spark_types[t],
+            nullable=False,
+        )
         for i, (k, t) in enumerate(zip(kinds, types))
     ])
-    return spark.createDataFrame(rdd.map(_Encoder(layout, kinds, dtypes)), schema)
+    return spark.createDataFrame(rdd.map(_Encoder(layout, kinds, types)), schema)
 
 
 def _first_column(row: Any) -> Any:
@@ -319,6 +412,7 @@ class TFCluster:
         Raises:
             NodeError: a node's ``map_fun`` raised (the cluster is shut down).
             FeedError: the nodes took no rows for ``feed_timeout`` seconds.
+            SchemaError: an element does not fit the layout or types of the first elements.
         """
         self._require_spark_mode("train")
         if hasattr(dataRDD, "foreachRDD"):
@@ -332,8 +426,14 @@ class TFCluster:
             dataRDD = dataRDD.rdd  # a DataFrame: its Rows are tuples, as TFoS's pipeline feeds
         df = rdd_to_dataframe(self.spark, dataRDD)
         self.cluster._check_running("train")
-        report = self.cluster._feeder.train(df, num_epochs=num_epochs or 10, feed_timeout=feed_timeout,
-                                            balance=False)
+        try:
+            report = self.cluster._feeder.train(df, num_epochs=num_epochs or 10,
+                                                feed_timeout=feed_timeout, balance=False)
+        except Exception as exc:
+            refused = task_error(exc)  # an element _Encoder refused, raised in a Spark task
+            if refused is None:
+                raise
+            raise refused from exc
         # Cluster.train returns once every worker's pass over each epoch has ended: TFoS's
         # train returned once the nodes had taken every row, so there is nothing more to wait for.
         logger.info("TFCluster.train: pushed %d rows in %.1f s", report.rows, report.seconds)

@@ -23,6 +23,8 @@ def test_rdd_elements_round_trip_through_columns(spark):
         "list": [[i, "a", [1.5, 2.5]] for i in range(4)],
         "value": [1.5, 2.5, 3.5],
         "vector": [np.arange(3, dtype=np.float32) + i for i in range(3)],
+        # ints first, floats later in the same field: the field is floating point for all
+        "mixed": [([1, 2], 0, True), ([1.5, 2.5], 1, 2), ([3, 4], 0.5, 3)],
     }
     for name, elements in cases.items():
         df = rdd_to_dataframe(spark, spark.sparkContext.parallelize(elements, 2))
@@ -37,6 +39,10 @@ def test_rdd_elements_round_trip_through_columns(spark):
                 np.testing.assert_array_equal(got, want)
             elif name == "list":
                 assert got[:2] == want[:2] and np.asarray(got[2]).tolist() == want[2]
+            elif name == "mixed":
+                assert got[0].dtype == np.float64 and got[0].tolist() == want[0], got
+                assert type(got[1]) is float and got[1] == want[1], got
+                assert type(got[2]) is int and got[2] == int(want[2]), got  # True widens to 1
             else:
                 assert got == want
 
@@ -47,6 +53,33 @@ def test_unfeedable_elements_are_refused(spark):
         rdd_to_dataframe(spark, sc.parallelize([], 1))
     with pytest.raises(SchemaError, match="dict"):
         rdd_to_dataframe(spark, sc.parallelize([({"a": 1}, 2)], 1))
+    with pytest.raises(SchemaError, match=r"field 1 of RDD element 2 is 'x' \(string\) but the "
+                                          r"first element's field 1 is bigint"):
+        rdd_to_dataframe(spark, sc.parallelize([([1.0], 1), ([2.0], 2), ([3.0], "x")], 1))
+
+
+def test_a_float_after_the_typed_sample_is_refused_not_cut(spark):
+    """The first TYPE_SAMPLE elements type the columns; a later 1.5 in an integer field would be
+    cut to 1, so the task refuses it and names the field and the fix."""
+    from formats.staging import task_error
+
+    sc = spark.sparkContext
+    ints = [([1, 2], 0)] * 150
+    for bad, why in [(([1.5, 2.5], 1), "its values would be cut to integers"),
+                     (([1, 2], 0.5), "it would lose its fraction")]:
+        df = rdd_to_dataframe(spark, sc.parallelize(ints + [bad], 2))
+        assert [f.dataType.simpleString() for f in df.schema] == ["array<bigint>", "bigint"]
+        with pytest.raises(Exception) as info:
+            df.collect()
+        refused = task_error(info.value)
+        assert isinstance(refused, SchemaError), str(info.value)[-600:]
+        field = 0 if isinstance(bad[0][0], float) else 1
+        assert str(refused).startswith(f"field {field} of an RDD element is {bad[field]!r}, "
+                                       f"but the first 100 elements held only integers"), refused
+        assert why in str(refused) and "floating point in every element" in str(refused)
+    # integral floats fit an integer field exactly and pass as ints
+    rows = rdd_to_dataframe(spark, sc.parallelize(ints + [([3.0, 4.0], 2.0)], 2)).collect()
+    assert rows[-1][0] == [3, 4] and rows[-1][1] == 2 and type(rows[-1][1]) is int
 
 
 @pytest.mark.cluster
@@ -57,6 +90,9 @@ def test_tfos_program_trains_terminates_and_infers(spark, tmp_path):
     cluster = TFCluster.run(sc, feed_and_answer_main, args, 1, 0, False, InputMode.SPARK,
                             master_node="chief")
     try:
+        # refused before any row is pushed: the driver raises the task's SchemaError, not Spark's
+        with pytest.raises(SchemaError, match=r"^field 0 of an RDD element is \[1.5, 2.5\], but"):
+            cluster.train(sc.parallelize([([1, 2], 0, "a")] * 120 + [([1.5, 2.5], 1, "b")], 2), 1)
         cluster.train(rdd, 1)
         info = wait_json(tmp_path / "tfos.json")
         cluster.train(rdd, 3)  # after terminate(): the node refuses these, train must not hang
