@@ -76,10 +76,14 @@ class _CompatMain:
         tfos_ctx = TFNodeContext(ctx)
         if self.master_node is None:
             _as_workers_only(tfos_ctx)
+        error = None
         try:
             return map_fun(args, tfos_ctx)
+        except BaseException as e:
+            error = e
+            raise
         finally:
-            tfos_ctx._close()
+            tfos_ctx._close(error)
 
 
 def _as_workers_only(ctx: TFNodeContext) -> None:
@@ -371,8 +375,11 @@ def rdd_to_dataframe(spark: Any, rdd: Any) -> Any:
     return spark.createDataFrame(rdd.map(_Encoder(layout, kinds, types)), schema)
 
 
-def _first_column(row: Any) -> Any:
-    return row[0]
+def _result(row: Any) -> Any:
+    """One ``batch_results`` value, as the node's map_fun gave it (``TFNode.RESULT_SCHEMA``)."""
+    import pickle
+
+    return pickle.loads(row[0])
 
 
 class TFCluster:
@@ -440,11 +447,15 @@ class TFCluster:
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
         """A lazy RDD of the nodes' ``batch_results`` for every element of ``dataRDD``, in
-        order within each partition."""
+        order within each partition: each result is the value map_fun gave (pickled, as TFoS
+        does), and map_fun sees every element once (no probe batch is sent)."""
+        from dataplane.compat.TFNode import RESULT_SCHEMA
+
         self._require_spark_mode("inference")
         df = rdd_to_dataframe(self.spark, dataRDD)
-        out = self.cluster.inference(df, passthrough=(), feed_timeout=feed_timeout)
-        return out.rdd.map(_first_column)
+        out = self.cluster.inference(df, passthrough=(), feed_timeout=feed_timeout,
+                                     output_schema=RESULT_SCHEMA)
+        return out.rdd.map(_result)
 
     def tensorboard_url(self) -> str | None:
         """``http://host:port`` of the chief's TensorBoard, or None."""

@@ -70,6 +70,27 @@ def column_name(layout: str, index: int, kind: str) -> str:
     return f"{layout}_{index}_{kind}"
 
 
+#: What a node answers ``TFCluster.inference`` with: each ``batch_results`` value pickled, as
+#: TFoS queued them, so the driver's RDD holds the values map_fun gave and no probe batch is
+#: needed to learn their type.
+RESULT_SCHEMA = pa.schema([("result", pa.binary())])
+
+
+def _pickled(results: list[Any]) -> np.ndarray:
+    import pickle
+
+    out = np.empty(len(results), dtype=object)
+    for i, value in enumerate(results):
+        try:
+            out[i] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise FeedError(
+                f"batch_results value {i} ({type(value).__name__}) cannot be pickled to return "
+                f"it to the driver: {e}. Return numbers, str, bytes or numpy arrays."
+            ) from e
+    return out
+
+
 def _parse(name: str) -> tuple[str, int, str]:
     layout, index, kind = name.rsplit("_", 2)
     return layout, int(index), kind
@@ -131,6 +152,7 @@ class _NodeFeed:
         self.results: queue.Queue = queue.Queue()
         self.terminated = False
         self.ended = False
+        self.error: BaseException | None = None  # what map_fun raised, once it has
         self._reader: threading.Thread | None = None
         self._serving = False
 
@@ -204,6 +226,12 @@ class _NodeFeed:
                 results.extend(got)
             except queue.Empty:
                 if self._ctx.should_stop or self.ended:
+                    if self.error is not None:
+                        raise FeedError(
+                            f"the node's map_fun raised {type(self.error).__name__}: "
+                            f"{self.error} (before it answered this inference request with "
+                            f"batch_results)"
+                        ) from self.error
                     raise FeedError(
                         "the node's map_fun stopped reading before it answered an inference "
                         "request with batch_results"
@@ -213,7 +241,7 @@ class _NodeFeed:
                 f"batch_results returned {len(results)} results for {len(rows)} rows; TFoS "
                 f"inference needs exactly one result per row (per next_batch)."
             )
-        return {"result": np.asarray(results)}
+        return {"result": _pickled(results)}
 
     def terminate(self) -> None:
         """No more rows for this node: refuse later pushes, drop what is waiting."""
@@ -236,8 +264,10 @@ class _NodeFeed:
                 break
         logger.info("terminate(): dropped %d rows waiting in the feed", dropped)
 
-    def close(self) -> None:
-        """map_fun returned: nothing will answer inference requests any more."""
+    def close(self, error: BaseException | None = None) -> None:
+        """map_fun returned (or raised ``error``): nothing will answer inference requests any
+        more."""
+        self.error = error
         self.ended = True
 
 
@@ -396,9 +426,9 @@ class TFNodeContext:
                 self._feed = _NodeFeed(self._ctx)
             return self._feed
 
-    def _close(self) -> None:
+    def _close(self, error: BaseException | None = None) -> None:
         if self._feed is not None:
-            self._feed.close()
+            self._feed.close(error)
 
     def absolute_path(self, path: str) -> str:
         """``hdfs_path(ctx, path)``: qualify ``path`` against the default filesystem."""

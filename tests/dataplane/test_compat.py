@@ -12,7 +12,8 @@ from dataplane.compat import InputMode, TFCluster, rdd_to_dataframe
 from dataplane.compat.TFNode import decode_rows
 from dataplane.errors import ClusterStateError, SchemaError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
-from tests.dataplane.tfos_programs import every_element_main, feed_and_answer_main, ps_joins_main, short_answer_main
+from tests.dataplane.tfos_programs import (every_element_main, feed_and_answer_main, ps_joins_main,
+                                          raising_answer_main, short_answer_main)
 
 ELEMENTS = [([float(i), i / 2.0, -1.0], i, f"row{i}") for i in range(60)]
 
@@ -107,7 +108,13 @@ def test_tfos_program_trains_terminates_and_infers(spark, tmp_path):
     assert all(r[0] == "tuple" and r[2] == "ndarray" for r in info["rows"])
     got = sorted((r[3], r[4], tuple(r[1])) for r in info["rows"])
     assert got == sorted((e[1], e[2], tuple(e[0])) for e in ELEMENTS)
-    assert results == [f"{e[1] * 10}:{e[2]}" for e in ELEMENTS]
+    # the values batch_results got, types kept (as TFoS's pickled queue did)
+    assert [r[0] for r in results] == [f"{e[1] * 10}:{e[2]}" for e in ELEMENTS]
+    assert all(type(r[1]) is np.float32 and r[1] == e[1] for r, e in zip(results, ELEMENTS))
+    assert all(r[2].dtype == np.float64 and r[2].tolist() == e[0] for r, e in zip(results, ELEMENTS))
+    # map_fun saw each inference element exactly once: no probe batch before the real ones
+    answered = sorted(int(x) for x in (tmp_path / "answered.txt").read_text().split())
+    assert answered == sorted(e[1] for e in ELEMENTS)
 
 
 def _labels(tmp_path, want: int, timeout: float = 60.0) -> list[int]:
@@ -173,12 +180,32 @@ def test_tfos_batch_results_with_a_result_missing_fails_the_inference_at_once(sp
         with pytest.raises(Exception) as info:
             cluster.inference(sc.parallelize([([1.0], i) for i in range(20)], 2), feed_timeout=300).collect()
         assert time.monotonic() - t0 < 60  # it waited for the missing answer until feed_timeout
-        assert "batch_results got 3 result(s) for the 4 row(s) of the last next_batch" in str(info.value)
+        # each partition of 10 rows is one request: next_batch(7) takes its first 7
+        assert "batch_results got 6 result(s) for the 7 row(s) of the last next_batch" in str(info.value)
     finally:
         try:
             cluster.shutdown(timeout=30)
         except Exception:  # noqa: BLE001 - map_fun raised: shutdown reports it
             pass
+        wait_gone(pids, 30)
+
+
+def test_a_map_fun_raising_during_inference_fails_the_collect_with_its_error(spark):
+    # the collect said only that map_fun "stopped reading"; what it raised came at shutdown
+    from dataplane.errors import NodeError
+
+    sc = spark.sparkContext
+    cluster = TFCluster.run(sc, raising_answer_main, {}, 1, 0, False, InputMode.SPARK)
+    pids = [n.pid for n in cluster.cluster.nodes]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(sc.parallelize([([1.0], i) for i in range(40)], 2), feed_timeout=300).collect()
+        assert time.monotonic() - t0 < 60
+        assert "the node's map_fun raised ValueError: the model failed on label" in str(info.value)
+    finally:
+        with pytest.raises(NodeError, match="ValueError: the model failed on label"):
+            cluster.shutdown(timeout=30)
         wait_gone(pids, 30)
 
 

@@ -181,7 +181,8 @@ def pipeline_train_fn(args, ctx):  # type: ignore[no-untyped-def]
 
 def feed_and_answer_main(args, ctx):  # type: ignore[no-untyped-def]
     """One DataFeed(ctx.mgr, False), as TFoS programs have: read ``args["take"]`` training rows,
-    terminate() the rest, then answer inference (label*10) until shutdown."""
+    terminate() the rest, then answer inference ((label*10 text, float32 label, the array))
+    until shutdown, appending each answered row's label to ``dir/answered.txt``."""
     import numpy as np
 
     from dataplane.compat import TFNode
@@ -203,7 +204,10 @@ def feed_and_answer_main(args, ctx):  # type: ignore[no-untyped-def]
     while not tf_feed.should_stop():
         batch = tf_feed.next_batch(5)
         if batch:
-            tf_feed.batch_results([f"{row[1] * 10}:{row[2]}" for row in batch])
+            with open(os.path.join(args["dir"], "answered.txt"), "a") as f:
+                f.write("".join(f"{row[1]}\n" for row in batch))
+            tf_feed.batch_results([(f"{row[1] * 10}:{row[2]}", np.float32(row[1]), np.asarray(row[0]))
+                                   for row in batch])
 
 
 def failing_main(args, ctx):  # type: ignore[no-untyped-def]
@@ -247,6 +251,21 @@ def short_answer_main(args, ctx):  # type: ignore[no-untyped-def]
         batch = feed.next_batch(7)
         if batch:
             feed.batch_results([row[1] for row in batch][:-1])
+
+
+def raising_answer_main(args, ctx):  # type: ignore[no-untyped-def]
+    """Answers two inference batches, then raises (as a model failing on bad input would)."""
+    from dataplane.compat import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    answered = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(5)
+        if batch:
+            if answered == 2:
+                raise ValueError(f"the model failed on label {batch[0][1]}")
+            feed.batch_results([row[1] for row in batch])
+            answered += 1
 
 
 def ps_joins_main(args, ctx):  # type: ignore[no-untyped-def]
