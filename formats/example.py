@@ -13,9 +13,9 @@ Feature layout (what :func:`parse_features` asks ``tf.io.parse_example`` for):
 
 * float16/32/64 columns -> ``float_list`` (float64 is stored as float32: ``tf.train.Example``
   has no double; values read back are the float32-rounded values, typed as double again);
-* bool/int*/uint*, timestamps and dates -> ``int64_list`` (timestamps as int64 counts of their
-  Arrow unit since the UTC epoch, microseconds for Spark; dates as days; uint64 as the int64
-  with the same bits);
+* bool/int*/uint*, timestamps and dates -> ``int64_list`` (timestamps as int64 microseconds
+  since the UTC epoch whatever their Arrow unit, as Spark holds them; dates as days; uint64 as
+  the int64 with the same bits);
 * string/binary -> ``bytes_list``;
 * a column's values are flattened row-major; a column with ragged inner dimensions (``list<list
   <T>>``) also writes ``"<name>/row_lengths_<d>"``, the lengths of the lists at dimension ``d``,
@@ -42,7 +42,7 @@ import pyarrow as pa
 from formats.errors import SchemaError
 from formats.example_decode import decode_examples, infer_specs
 from formats.features import feature_kind, ragged_dims, row_lengths_key
-from formats.schema import ColumnSpec, column_array, is_list_type, list_offsets
+from formats.schema import ColumnSpec, column_array, is_list_type, list_offsets, timestamps_as_micros
 from formats.wire import binary, binary_parts, header, join, varint_bytes, varint_sizes, varints
 
 __all__ = [
@@ -147,7 +147,9 @@ def _zero(t: pa.DataType) -> Any:
     return 0
 
 
-def _int64_values(leaves: pa.Array) -> np.ndarray:
+def _int64_values(leaves: pa.Array, name: str = "") -> np.ndarray:
+    if pa.types.is_timestamp(leaves.type):
+        leaves = timestamps_as_micros(name, leaves)  # the unit TensorFlow gets from every path
     t = leaves.type
     if pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_duration(t):
         return np.frombuffer(leaves.buffers()[1], dtype=np.int64)[leaves.offset : leaves.offset + len(leaves)]
@@ -214,7 +216,7 @@ def _payload(kind: str, leaves: pa.Array, row_leaf_splits: np.ndarray, valid: np
         vals = _float32(name, leaves)
         return binary(vals.view(np.uint8), row_leaf_splits * 4, valid)
     if kind == "int64":
-        data, sizes = varints(_int64_values(leaves).view(np.uint64))
+        data, sizes = varints(_int64_values(leaves, name).view(np.uint64))
         voff = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=voff[1:])
         return binary(data, voff[row_leaf_splits], valid)
@@ -302,7 +304,7 @@ def _fixed_entry(data: pa.RecordBatch | pa.Table, spec: ColumnSpec) -> tuple[byt
         if kind == "float":
             vals = _float32(spec.name, arr)
             return _fixed_prefix(spec.name, kind, 4), vals.view(np.uint8).reshape(n, 4)
-        u = _int64_values(arr).view(np.uint64)
+        u = _int64_values(arr, spec.name).view(np.uint64)
         sizes = varint_sizes(u)
         if n and (sizes != sizes[0]).any():
             return None

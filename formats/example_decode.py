@@ -264,6 +264,10 @@ def _to_leaf(name: str, kind: str, values: Any, t: pa.DataType) -> pa.Array:
     if pa.types.is_integer(t):
         np_t = np.dtype(t.to_pandas_dtype())
         return pa.array(v.view(np.uint64) if np_t == np.uint64 else v.astype(np_t), type=t)
+    if pa.types.is_timestamp(t) and t.unit != "us":  # written as microseconds (example.py)
+        micros = pa.Array.from_buffers(pa.timestamp("us", tz=t.tz), len(v),
+                                       [None, pa.py_buffer(np.ascontiguousarray(v))])
+        return micros.cast(t)
     if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t):
         return pa.Array.from_buffers(t, len(v), [None, pa.py_buffer(np.ascontiguousarray(v))])
     if pa.types.is_date32(t):

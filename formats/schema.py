@@ -14,7 +14,7 @@ list<T> / large_list<T>        ragged ``[batch, None]``; dense ``[batch, *shape]
                                is declared for the column (``shapes={"img": (28, 28)}``)
 string / binary (and large_)   ``tf.string``
 dictionary<T>                  decoded to T
-timestamp[unit]                int64 counts of ``unit`` since the epoch (Spark: microseconds)
+timestamp[unit]                int64 microseconds since the UTC epoch, whatever the unit
 date32                         int32 days since the epoch
 struct<a: T, ...>              only with ``flatten_structs=True``: one column per leaf field,
                                named ``"parent.child"``; otherwise a SchemaError
@@ -22,9 +22,9 @@ map, decimal, anything else    SchemaError naming the column and the fix (cast /
 =============================  ==============================================================
 
 Nested lists become ragged tensors with one ragged dimension per variable-length list level
-(``list<list<float>>`` -> ``ragged_rank`` 2, shape ``(None, None)``). Timestamps keep the unit of
-their Arrow type (Spark always hands over microseconds); the time zone is dropped (values are
-counts since the UTC epoch). ``ColumnSpec.arrow_type`` remembers the original Arrow type so that
+(``list<list<float>>`` -> ``ragged_rank`` 2, shape ``(None, None)``). Timestamps of every unit
+become microseconds, Spark's unit (nanoseconds floored; :func:`timestamps_as_micros`); the time
+zone is dropped (values are counts since the UTC epoch). ``ColumnSpec.arrow_type`` remembers the original Arrow type so that
 readers (``formats.read_tfrecords``) can restore it, e.g. to keep ``string`` and ``binary`` apart.
 
 Nothing here imports TensorFlow at module import time; :func:`tf_spec` imports it when called.
@@ -441,11 +441,46 @@ def tf_spec(
     return out
 
 
+_MICROS_PER = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+def timestamps_as_micros(name: str, arr: pa.Array) -> pa.Array:
+    """A timestamp array in microseconds (``timestamp[us]``, same time zone), whatever its unit.
+
+    Spark holds every timestamp in microseconds, so this is the one unit TensorFlow sees from
+    every path: a Parquet file written by pandas (nanoseconds) or with milliseconds reads as the
+    same numbers as its Spark export. Nanoseconds are floored to the microsecond, as Spark and
+    numpy do; a seconds or milliseconds value beyond int64 microseconds raises SchemaError.
+    """
+    t = arr.type
+    if t.unit == "us":
+        return arr
+    ints = arr.cast(pa.int64())
+    mask = ints.is_null().to_numpy(zero_copy_only=False) if ints.null_count else None
+    values = ints.fill_null(0).to_numpy(zero_copy_only=False) if ints.null_count else ints.to_numpy()
+    if t.unit == "ns":
+        micros = values // 1000
+    else:
+        factor = _MICROS_PER[t.unit]
+        limit = np.iinfo(np.int64).max // factor
+        over = np.abs(values) > limit
+        if over.any():
+            raise SchemaError(
+                f"column {name!r} holds timestamp {int(values[np.argmax(over)])} ({t.unit} since "
+                f"the epoch), beyond what int64 microseconds (the unit TensorFlow gets, as in "
+                f"Spark) can hold; filter the row or cast the column before reading."
+            )
+        micros = values * factor
+    return pa.array(micros, type=pa.timestamp("us", tz=t.tz), mask=mask)
+
+
 def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec, *, elements: bool = False) -> np.ndarray:
     """Leaf values of a (possibly nested list) array as a numpy array of spec.dtype
     (``elements``: ``arr`` holds the elements of a list column's rows)."""
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
+    if pa.types.is_timestamp(arr.type):
+        arr = timestamps_as_micros(name, arr)  # before the fill, which is then in microseconds
     if arr.null_count:
         if spec.fill is None:
             # (the rows converted at once: often several of the user's batches)
@@ -610,12 +645,36 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
             f"row {bad} of this batch has {int(lengths[bad])} values. Declare the column ragged "
             f"(leave its shape undeclared) or fix the data."
         )
+    if 1 < len(splits) <= len(spec.shape):
+        _check_nested_lengths(name, spec, splits)
     if values.shape[0] != rows * per_row:
         raise SchemaError(
             f"column {name!r} is fed as dense shape {spec.shape} but a batch of {rows} rows holds "
             f"{values.shape[0]} values (expected {rows * per_row}). Fix the data or declare it ragged."
         )
     return values.reshape((rows, *spec.shape))  # type: ignore[arg-type]
+
+
+def _check_nested_lengths(name: str, spec: ColumnSpec, splits: list[np.ndarray]) -> None:
+    """Every list at every level has the length the declared shape gives it (the innermost
+    level holds the rest of the shape's values). A total count alone let [[1, 2, 3], [4]]
+    read as [[1, 2], [3, 4]] under shape (2, 2)."""
+    depth = len(splits)
+    for level, s in enumerate(splits):
+        want = spec.shape[level] if level < depth - 1 else math.prod(spec.shape[level:])  # type: ignore[arg-type]
+        lengths = np.diff(s)
+        if np.all(lengths == want):
+            continue
+        index = int(np.argmax(lengths != want))
+        row = index
+        for up in range(level - 1, -1, -1):  # the row that list belongs to
+            row = int(np.searchsorted(splits[up], row, side="right")) - 1
+        raise SchemaError(
+            f"column {name!r} is fed as dense shape {spec.shape}, but row {row} of this batch has "
+            f"a list of {int(lengths[index])} {'values' if level == depth - 1 else 'lists'} at "
+            f"nesting level {level + 1} (expected "
+            f"{want}). Declare the column ragged (leave its shape undeclared) or fix the data."
+        )
 
 
 def to_numpy(

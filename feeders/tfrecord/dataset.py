@@ -4,6 +4,7 @@ chunk, ``rebatch`` when dense, then a fixed prefetch)."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -13,6 +14,7 @@ from feeders.shard import normalize_shard, take_shard
 from feeders.tfrecord.plan import check_records, plan_tfrecord, select_columns
 from feeders.tfrecord.stream import RecordBatches, layout_holds
 from formats.example_layout import VALUE_DTYPES, layout_columns
+from formats.features import ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec, declare_shapes
 from formats.tfrecord import normalize_compression
 
@@ -21,7 +23,29 @@ __all__ = ["tfrecord_dataset"]
 _PREFETCH = 8  # parsed batches kept ready
 
 
-def _parser(specs: Sequence[ColumnSpec], label: str | None):
+def _length_checks(written: Sequence[ColumnSpec], read: Sequence[ColumnSpec]) -> dict[str, list[tuple[int, int]]]:
+    """For each column written ragged and nested but read with a declared dense shape:
+    ``(dim, length)`` pairs that the lists' recorded lengths (``<name>/row_lengths_<dim>``)
+    must all equal. The dense parse checks only a row's total value count, so without this
+    ``[[1, 2, 3], [4]]`` read under shape (2, 2) as ``[[1, 2], [3, 4]]``."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    before = {s.name: s for s in written}
+    for spec in read:
+        old = before.get(spec.name)
+        if old is None or not old.is_ragged or spec.is_ragged or len(spec.shape) < 2:
+            continue
+        pairs = []
+        for d in ragged_dims(old.shape):
+            if d < len(spec.shape):
+                last = d == min(len(old.shape), len(spec.shape)) - 1
+                pairs.append((d, math.prod(spec.shape[d:]) if last else int(spec.shape[d])))  # type: ignore[arg-type]
+        if pairs:
+            out[spec.name] = pairs
+    return out
+
+
+def _parser(specs: Sequence[ColumnSpec], label: str | None,
+            checks: dict[str, list[tuple[int, int]]] | None = None):
     """Graph functions for the chunks: ``parse(serialized)`` and ``parse_or_take(serialized,
     decoded)``, each giving a dict of tensors (or ``(features, label)``) in the columns' dtypes.
 
@@ -34,6 +58,12 @@ def _parser(specs: Sequence[ColumnSpec], label: str | None):
     from formats.example import parse_features
 
     features = parse_features(specs)
+    checks = checks or {}
+    shapes = {s.name: s.shape for s in specs}
+    for name, pairs in checks.items():
+        for d, _ in pairs:
+            key = row_lengths_key(name, d)
+            features[key] = tf.io.RaggedFeature(tf.int64, value_key=key, row_splits_dtype=tf.int64)
     targets = {s.name: tf.string if s.dtype == "string" else tf.as_dtype(s.dtype) for s in specs}
 
     def finish(parsed):
@@ -42,6 +72,20 @@ def _parser(specs: Sequence[ColumnSpec], label: str | None):
             t = parsed[s.name]
             if t.dtype != targets[s.name]:
                 t = tf.cast(t, targets[s.name])
+            asserts = [
+                tf.debugging.assert_equal(
+                    parsed[row_lengths_key(s.name, d)].flat_values, tf.constant(want, tf.int64),
+                    # (the name unquoted: TF escapes quotes in an Assert message)
+                    message=(f"SchemaError: column {s.name} is read as dense shape "
+                             f"{shapes[s.name]}, but a record holds a list of another length at "
+                             f"nesting level {d + 1} (expected {want}); declare the column "
+                             f"ragged (leave it out of shapes=) or fix the data"),
+                )
+                for d, want in checks.get(s.name, ())
+            ]
+            if asserts:
+                with tf.control_dependencies(asserts):
+                    t = tf.identity(t)
             out[s.name] = t
         if label is None:
             return out
@@ -115,6 +159,11 @@ def tfrecord_dataset(
         StorageError: the path does not exist or cannot be read.
         SchemaError: a missing column, or no schema and nothing to infer one from.
         RecordError: a sampled record is corrupt or truncated.
+
+    A corrupt record, or a value that does not fit the schema, met while iterating stops the
+    iteration with ``tf.errors.InvalidArgumentError`` (TensorFlow carries a Python error out of a
+    dataset only as its own), whose message starts with ``RecordError: <file>: ...`` or
+    ``SchemaError: ...``.
     """
     import tensorflow as tf
 
@@ -126,9 +175,11 @@ def tfrecord_dataset(
     plan = plan_tfrecord(
         path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
     )
-    specs = declare_shapes(select_columns(plan.specs, columns, label, fill_values, plan.location.url), shapes)
+    chosen = select_columns(plan.specs, columns, label, fill_values, plan.location.url)
+    specs = declare_shapes(chosen, shapes)
     check_records(plan.location, plan.files, plan.compression, specs)
-    parse, parse_or_take = _parser(specs, label)
+    checks = _length_checks(chosen, specs)
+    parse, parse_or_take = _parser(specs, label, checks)
     files, record_shard = plan.files, None
     if shard_t is not None:
         if len(files) >= shard_t[1]:
@@ -136,7 +187,7 @@ def tfrecord_dataset(
         else:
             record_shard = shard_t
     dense = not any(s.is_ragged for s in specs)
-    layout = layout_columns(specs) if dense else None
+    layout = layout_columns(specs) if dense and not checks else None
     if layout is not None and files and not layout_holds(
         plan.location, files[0], plan.compression, layout
     ):

@@ -298,3 +298,32 @@ def test_records_from_elsewhere_read_dense_with_declared_shapes(tmp_path):
         feeders.tfrecord_dataset(tmp_path, batch_size=8, shapes={"img": [6]})
     with pytest.raises(SchemaError, match=r"column 'id' is a scalar"):
         feeders.tfrecord_dataset(tmp_path, batch_size=8, shapes={"id": [1]})
+
+
+def test_nested_lists_declared_dense_are_checked_list_by_list(tmp_path):
+    # the dense parse checked only a row's total: [[1, 2, 3], [4]] under shapes (2, 2) read
+    # as [[1, 2], [3, 4]]. Records written from a list<list<float>> carry each inner list's
+    # length, and those must now match the declared shape.
+    import tensorflow as tf
+
+    from formats.example import encode_examples
+    from formats.schema import column_specs
+    from formats.tfrecord import write_records
+
+    good = [[[float(i), i + 0.5], [i + 0.25, -1.0]] for i in range(6)]
+    t = pa.table({"v": pa.array(good, pa.list_(pa.list_(pa.float32()))), "id": list(range(6))})
+    with open(tmp_path / "part-0.tfrecord", "wb") as f:
+        write_records(f, encode_examples(t, column_specs(t.schema)))
+    ds = feeders.tfrecord_dataset(tmp_path, batch_size=4, shapes={"v": [2, 2]})
+    assert ds.element_spec["v"] == tf.TensorSpec([None, 2, 2], tf.float32)
+    got = np.concatenate([b["v"].numpy() for b in ds])
+    np.testing.assert_array_equal(got, np.asarray(good, np.float32))
+
+    bad = good[:3] + [[[1.0, 2.0, 3.0], [4.0]]] + good[4:]  # 4 values, as (2, 2) needs
+    t = pa.table({"v": pa.array(bad, pa.list_(pa.list_(pa.float32()))), "id": list(range(6))})
+    with open(tmp_path / "part-0.tfrecord", "wb") as f:
+        write_records(f, encode_examples(t, column_specs(t.schema)))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"SchemaError: column v is read as dense shape \(2, 2\), but a record "
+                             r"holds a list of another length at nesting level 2 \(expected 2\)"):
+        list(feeders.tfrecord_dataset(tmp_path, batch_size=4, shapes={"v": [2, 2]}))

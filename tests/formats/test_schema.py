@@ -131,3 +131,49 @@ def test_the_fill_value_a_null_error_suggests_has_the_column_type():
     t = pa.table({"img": pa.array([b"\x01", None], pa.binary())})
     with pytest.raises(Err, match=r"fill_values=\{'img': b''\}"):
         to_numpy(t, column_specs(t.schema))
+
+
+def test_timestamps_of_every_unit_reach_tensorflow_as_microseconds():
+    # pandas writes nanoseconds, some writers milliseconds; Spark (and so every export) holds
+    # microseconds: the pull readers gave the file's unit, 1000x off from the same data exported
+    from formats.example import decode_examples, encode_examples
+
+    micros = [1_704_067_200_123_456, -1, None, 0]
+    for unit, values in {
+        "ns": [1_704_067_200_123_456_789, -500, None, 0],  # nanoseconds floor, as in Spark
+        "us": micros,
+        "ms": [1_704_067_200_123, -1, None, 0],
+        "s": [1_704_067_200, -1, None, 0],
+    }.items():
+        t = pa.table({"t": pa.array(values, pa.timestamp(unit, tz="UTC")),
+                      "l": pa.array([[v, v] if v is not None else [] for v in values],
+                                    pa.list_(pa.timestamp(unit)))})
+        got = to_numpy(t, column_specs(t.schema, fill_values={"t": 7}))
+        want = {"ns": micros, "us": micros,
+                "ms": [1_704_067_200_123_000, -1000, None, 0],
+                "s": [1_704_067_200_000_000, -1_000_000, None, 0]}[unit]
+        filled = [7 if v is None else v for v in want]  # the fill is in microseconds too
+        assert got["t"].dtype == "int64" and got["t"].tolist() == filled, unit
+        assert got["l"].values.tolist() == [v for v in want if v is not None for _ in range(2)], unit
+        # the TFRecord coding writes microseconds too, and restores the column's own type
+        back = decode_examples(encode_examples(t, column_specs(t.schema)), column_specs(t.schema))
+        assert back.schema.field("t").type == pa.timestamp(unit, tz="UTC"), unit
+        assert back.column("t").cast(pa.int64()).to_pylist() == (
+            [1_704_067_200_123_456_000, -1000, None, 0] if unit == "ns" else values), unit
+    far = pa.table({"t": pa.array([10**17], pa.timestamp("s"))})
+    with pytest.raises(SchemaError, match=r"column 't' holds timestamp 100000000000000000 \(s since "
+                                          r"the epoch\), beyond what int64 microseconds"):
+        to_numpy(far, column_specs(far.schema))
+
+
+def test_nested_lists_declared_dense_are_checked_list_by_list():
+    # only the row's total was checked: [[1, 2, 3], [4]] under shape (2, 2) read as [[1, 2], [3, 4]]
+    rows = [[[1.0, 2.0], [3.0, 4.0]], [[1.0, 2.0, 3.0], [4.0]], [[5.0, 6.0], [7.0, 8.0], []]]
+    t = pa.table({"v": pa.array(rows)})
+    specs = column_specs(t.schema, shapes={"v": (2, 2)})
+    assert to_numpy(t.slice(0, 1), specs)["v"].tolist() == [rows[0]]
+    with pytest.raises(SchemaError, match=r"column 'v' is fed as dense shape \(2, 2\), but row 1 of this "
+                                          r"batch has a list of 3 values at nesting level 2 \(expected 2\)"):
+        to_numpy(t.slice(0, 2), specs)
+    with pytest.raises(SchemaError, match=r"row 0 of this batch has a list of 3 lists at nesting level 1"):
+        to_numpy(t.slice(2, 1), specs)
