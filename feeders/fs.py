@@ -7,11 +7,13 @@ The helpers live in :mod:`formats.fs`, the lowest package that reads files (the 
 from __future__ import annotations
 
 from formats.fs import (
+    PARQUET_SUFFIXES,
     Location,
     hdfs_filesystem,
     hdfs_problems,
     list_files,
     listing_root,
+    parquet_files,
     resolve,
     s3_filesystem,
     storage_error,
@@ -22,6 +24,8 @@ __all__ = [
     "Location",
     "resolve",
     "list_files",
+    "parquet_files",
+    "PARQUET_SUFFIXES",
     "listing_root",
     "s3_filesystem",
     "hdfs_filesystem",

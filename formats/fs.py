@@ -11,6 +11,7 @@ The environment is read when a URL is resolved, never at import time.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -22,6 +23,8 @@ __all__ = [
     "Location",
     "resolve",
     "list_files",
+    "parquet_files",
+    "PARQUET_SUFFIXES",
     "s3_filesystem",
     "hdfs_filesystem",
     "hdfs_problems",
@@ -29,6 +32,8 @@ __all__ = [
     "listing_root",
     "write_text_atomic",
 ]
+
+logger = logging.getLogger(__name__)
 
 _GLOB_CHARS = ("*", "?", "[")
 
@@ -373,6 +378,39 @@ def list_files(
             f"path."
         )
     return sorted(files)
+
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+
+
+def parquet_files(loc: Location, files: list[str]) -> list[str]:
+    """The Parquet data files among ``files`` (a :func:`list_files` listing of ``loc``).
+
+    Where some are named ``*.parquet`` (``.parq``, ``.pq``), the others count only if they
+    start with Parquet's magic bytes (``part-00000`` from a writer that adds no suffix); the
+    rest (a README, a schema) are skipped with a warning naming them. Without any such name,
+    every file is taken (and one that is not Parquet fails where it is read, named).
+    """
+    named = [f for f in files if f.endswith(PARQUET_SUFFIXES)]
+    others = [f for f in files if not f.endswith(PARQUET_SUFFIXES)]
+    if not named or not others:
+        return files
+
+    def is_parquet(path: str) -> bool:
+        try:
+            with loc.filesystem.open_input_stream(path, compression=None) as f:
+                return f.read(4) == b"PAR1"
+        except OSError as exc:
+            raise storage_error(exc, "read", loc.display(path)) from exc
+
+    kept = [f for f in others if is_parquet(f)]
+    skipped = [f for f in others if f not in kept]
+    if skipped:
+        logger.warning(
+            "%s: skipping %d file(s) that are not Parquet: %s", loc.url, len(skipped),
+            ", ".join(p.rsplit("/", 1)[-1] for p in skipped[:5]) + (" ..." if len(skipped) > 5 else ""),
+        )
+    return sorted(named + kept)
 
 
 def files_stamp(path_or_url: str | os.PathLike) -> tuple | None:

@@ -339,7 +339,7 @@ def parquet_to_tfrecords(
             exists (mode="error") or cannot be written.
     """
     from formats.export import _spark_type_for, spark_arrow_schema
-    from formats.fs import list_files, listing_root, resolve
+    from formats.fs import list_files, listing_root, parquet_files, resolve
     from formats.hive import hive_columns
 
     comp = normalize_compression(compression)
@@ -348,7 +348,7 @@ def parquet_to_tfrecords(
     if mode not in ("error", "overwrite"):
         raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}.")
     loc = resolve(src, filesystem=src_filesystem)
-    files = list_files(loc)
+    files = parquet_files(loc, list_files(loc))
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
         infos = list(pool.map(lambda a: _footer(loc.filesystem, a[1], a[0]), enumerate(files)))
     first = infos[0]

@@ -45,12 +45,12 @@ _GUESSED_TFRECORD = "tfrecord?"
 
 
 def _detect(path: str) -> str:
-    from formats.fs import list_files, resolve
+    from formats.fs import PARQUET_SUFFIXES, list_files, resolve
     from formats.schemafile import SCHEMA_FILE_NAME
 
     loc = resolve(path)
     files = list_files(loc)
-    if any(f.endswith((".parquet", ".parq", ".pq")) for f in files):
+    if any(f.endswith(PARQUET_SUFFIXES) for f in files):
         return "parquet"
     if any(".tfrecord" in f.rsplit("/", 1)[-1] for f in files):
         return "tfrecord"

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from feeders.shard import normalize_shard, take_shard
 from formats.errors import SchemaError, StorageError
-from formats.fs import Location, list_files, listing_root, resolve, storage_error
+from formats.fs import Location, list_files, listing_root, parquet_files, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
 from formats.schema import ColumnSpec, fill_example
 
@@ -28,7 +28,6 @@ __all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "null_c
 
 logger = logging.getLogger(__name__)
 
-_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 # Generator chunks: big enough that the per-call cost of the Python source vanishes,
 # small enough to keep memory and first-batch latency low.
 _CHUNK_BYTES = 8 << 20
@@ -242,10 +241,7 @@ def plan_parquet(
     """
     shard_t = normalize_shard(shard)
     loc = resolve(path_or_url, filesystem=filesystem)
-    files = list_files(loc)
-    parquet_files = [f for f in files if f.endswith(_PARQUET_SUFFIXES)]
-    if parquet_files:
-        files = parquet_files
+    files = parquet_files(loc, list_files(loc))
     if len(files) == 1:
         metas = [_read_footer(loc, files[0])]
     else:

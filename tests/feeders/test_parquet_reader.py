@@ -72,6 +72,24 @@ def test_the_index_pandas_writes_for_a_filtered_frame_is_no_feature(tmp_path):
     assert asked["__index_level_0__"].numpy().tolist() == [2, 3, 4, 5]
 
 
+def test_pandas_nanosecond_timestamps_read_as_the_microseconds_their_export_holds(spark, tmp_path):
+    # pandas writes datetimes as nanoseconds; the reader gave TF those, 1000x the microseconds
+    # that parquet_to_tfrecords (through Spark's unit) writes for the same file
+    import pandas as pd
+
+    import formats
+
+    when = pd.to_datetime(["2024-01-01 00:00:00.123456", "1969-12-31 23:59:59.999999", "2030-06-30 00:00:00.000000"])
+    pd.DataFrame({"t": when, "y": [1, 2, 3]}).to_parquet(tmp_path / "pandas.parquet")
+    assert pq.read_schema(tmp_path / "pandas.parquet").field("t").type == pa.timestamp("ns")
+    want = [1_704_067_200_123_456, -1, 1_909_008_000_000_000]
+    pulled = next(iter(feeders.parquet_dataset(tmp_path / "pandas.parquet", batch_size=10)))
+    assert pulled["t"].dtype.name == "int64" and pulled["t"].numpy().tolist() == want
+    formats.parquet_to_tfrecords(spark, str(tmp_path / "pandas.parquet"), str(tmp_path / "tfr"))
+    exported = next(iter(feeders.tfrecord_dataset(str(tmp_path / "tfr"), batch_size=10)))
+    assert exported["t"].numpy().tolist() == want
+
+
 def test_a_file_rewritten_without_a_column_after_planning_is_named(tmp_path):
     files = write_parquet_files(numeric_table(400), tmp_path, files=2)
     ds = feeders.parquet_dataset(tmp_path, batch_size=100)
@@ -276,3 +294,15 @@ def test_a_short_remote_block_is_refused_not_left_uninitialised(tmp_path):
     group = pages._Group(of, 0, 100, None, {"image": layout}, None, {"image": [(0, short)]}, True)
     with pytest.raises(PagesRefused, match=r"shorter than its footer says \(bytes \d+\+\)"):
         paged._reader(group, "image")
+
+
+def test_a_parquet_file_without_a_suffix_beside_named_ones_is_read(tmp_path, caplog):
+    # part-00000 (a writer adding no suffix) beside data.parquet was dropped without a word,
+    # losing its rows; a README beside them is no data and is skipped, named in a warning
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "data.parquet")
+    pq.write_table(pa.table({"x": [3, 4, 5]}), tmp_path / "part-00000")
+    (tmp_path / "README").write_text("rows of x\n")
+    with caplog.at_level(logging.WARNING, logger="formats.fs"):
+        got = [b["x"].numpy().tolist() for b in feeders.parquet_dataset(tmp_path, batch_size=10)]
+    assert sorted(sum(got, [])) == [1, 2, 3, 4, 5]
+    assert "skipping 1 file(s) that are not Parquet: README" in caplog.text
