@@ -65,6 +65,36 @@ def live_iterators() -> frozenset[int]:
         return frozenset(_live)
 
 
+class _PlainErrors:
+    """An iterator raising our own errors (:class:`~formats.errors.DataplaneError`) again with no
+    traceback. TensorFlow copies a pass's Python traceback into the ``tf.errors`` message the
+    consumer gets; the reader's internal frames were 2-4 KB burying the one line that names the
+    file and the fix."""
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+
+    def __iter__(self) -> "_PlainErrors":
+        return self
+
+    def __next__(self) -> Any:
+        from formats.errors import DataplaneError
+
+        try:
+            return next(self._it)
+        except DataplaneError as exc:
+            try:
+                bare = type(exc)(str(exc))
+            except Exception:  # noqa: BLE001 - an error class with other arguments: as it is
+                raise exc from None
+            raise bare from None
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
 def generator_dataset(factory: Callable[[], Iterator[Any]], output_signature: Any) -> Any:
     """A ``tf.data.Dataset`` whose every pass iterates a new ``factory()``.
 
@@ -77,20 +107,23 @@ def generator_dataset(factory: Callable[[], Iterator[Any]], output_signature: An
 
     Returns:
         A ``tf.data.Dataset`` with ``element_spec == output_signature``. Errors raised by the
-        iterator reach the consumer as TensorFlow errors carrying the original message.
+        iterator reach the consumer as TensorFlow errors (``InvalidArgumentError`` for our
+        ``SchemaError`` and ``RecordError``, which are ``ValueError``s) whose message starts with
+        the original type and message; ours carry no traceback (:class:`_PlainErrors`).
     """
     import tensorflow as tf
 
     flat = tf.nest.flatten(output_signature)
     op_class = _generator_op_class()
     if op_class is None or not all(type(s) is tf.TensorSpec for s in flat):
-        return tf.data.Dataset.from_generator(factory, output_signature=output_signature)
+        return tf.data.Dataset.from_generator(lambda: _PlainErrors(iter(factory())),
+                                              output_signature=output_signature)
     np_types = [s.dtype.as_numpy_dtype for s in flat]
     shapes = [s.shape.as_list() if s.shape.rank is not None else None for s in flat]
     labels = [s.name or f"component {i}" for i, s in enumerate(flat)]
 
     def init_py(_: Any) -> np.int64:
-        it = iter(factory())
+        it = _PlainErrors(iter(factory()))
         with _lock:
             key = next(_ids)
             _live[key] = it

@@ -64,7 +64,14 @@ def parquet_dataset(
     Raises:
         StorageError: the path does not exist or cannot be read (names the URL and the fix).
         SchemaError: a missing column, a type TF cannot hold, schemas that differ between
-            files, or a null in a column without a fill value.
+            files, or a null (counted in the footers' statistics) in a column without a fill
+            value.
+
+    What only reading the rows can show (a null in a file written without statistics, a row
+    of another length than ``shapes=`` declares, a damaged page) stops the iteration with
+    a ``tf.errors.OpError`` (``InvalidArgumentError`` for a ``SchemaError``), since TensorFlow
+    carries a Python error out of a dataset only as its own; the message starts with
+    ``SchemaError: reading <file>: ...`` (or ``StorageError: ...``), naming the file and the fix.
     """
     import tensorflow as tf
 

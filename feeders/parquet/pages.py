@@ -237,7 +237,7 @@ class PagedChunks:
             if group.refused is not None:
                 raise PagesRefused(group.refused)
             others = [s for s in self.specs if s.name not in self.paged]
-            rest = to_arrays(self.loc, self._waited(group, group.rest), others) if others else {}
+            rest = to_arrays(group.file.where, self._waited(group, group.rest), others) if others else {}
             feeds = {
                 s.name: _PageFeed(
                     s.name, iter_page_values(self._reader(group, s.name), group.layouts[s.name], math.prod(s.shape))
@@ -277,7 +277,7 @@ class PagedChunks:
         except (OSError, pa.ArrowInvalid) as exc:
             raise storage_error(exc, "read the Parquet data of", group.file.where) from exc
         for start in range(0, table.num_rows, self.chunk_rows):
-            yield to_arrays(self.loc, table.slice(start, self.chunk_rows), self.specs)
+            yield to_arrays(group.file.where, table.slice(start, self.chunk_rows), self.specs)
 
 
 class _OpenFile(NamedTuple):

@@ -28,8 +28,9 @@ def scan_batches(
     names: list[str],
     chunk_rows: int,
     hive: HiveColumns = HiveColumns(),
-) -> Iterator[pa.RecordBatch]:
-    """The units' record batches of (up to) ``chunk_rows`` rows of ``names``, in unit order.
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The units' record batches of (up to) ``chunk_rows`` rows of ``names``, in unit order,
+    each with its file (as :meth:`Location.display` writes it, for errors).
 
     A ``pyarrow.dataset`` scan over the units: row groups are decoded by Arrow's own threads,
     :data:`_FRAGMENT_READAHEAD` files ahead of the consumer, with the GIL released, so decoding
@@ -90,32 +91,58 @@ def scan_batches(
             checked.add(path)
         batch = item.record_batch
         if batch.num_rows:
-            yield add_constant_columns(batch, hive.values[path], names) if hive else batch
+            yield loc.display(path), (add_constant_columns(batch, hive.values[path], names) if hive else batch)
 
 
-def exact_batches(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch | pa.Table]:
-    """``batches`` re-cut to exactly ``size`` rows across files (the last may be short)."""
+def exact_batches(batches: Iterator[tuple[str, pa.RecordBatch]], size: int) -> Iterator[tuple[str, pa.RecordBatch | pa.Table]]:
+    """``batches`` (with their files) re-cut to exactly ``size`` rows across files (the last may
+    be short); each with the file, or files, its rows come from."""
     pending: list[pa.RecordBatch] = []
+    sources: list[tuple[str, int]] = []  # (file, rows) of the pending rows, in order
     have = 0
-    for b in batches:
+    for where, b in batches:
         if have == 0 and b.num_rows == size:
-            yield b
+            yield where, b
             continue
         pending.append(b)
+        sources.append((where, b.num_rows))
         have += b.num_rows
         while have >= size:
             table = pa.Table.from_batches(pending)
-            yield table.slice(0, size)
+            yield _files_of(sources, size), table.slice(0, size)
             have -= size
             pending = table.slice(size).to_batches() if have else []
+            sources = _drop_rows(sources, size)
     if have:
-        yield pa.Table.from_batches(pending)
+        yield _files_of(sources, have), pa.Table.from_batches(pending)
 
 
-def to_arrays(loc: Location, batch: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> dict[str, Any]:
+def _files_of(sources: list[tuple[str, int]], rows: int) -> str:
+    names: list[str] = []
+    for where, n in sources:
+        if rows <= 0:
+            break
+        if where not in names:
+            names.append(where)
+        rows -= n
+    return names[0] if len(names) == 1 else "the rows of " + " and ".join(names)
+
+
+def _drop_rows(sources: list[tuple[str, int]], rows: int) -> list[tuple[str, int]]:
+    out = []
+    for where, n in sources:
+        if rows >= n:
+            rows -= n
+            continue
+        out.append((where, n - rows))
+        rows = 0
+    return out
+
+
+def to_arrays(where: str, batch: pa.RecordBatch | pa.Table, specs: Sequence[ColumnSpec]) -> dict[str, Any]:
     """The columns of ``specs`` as numpy arrays (:func:`formats.schema.to_numpy`); errors name
-    the data set."""
+    ``where``, the file (or files) the rows come from."""
     try:
         return to_numpy(batch, specs)
     except SchemaError as exc:
-        raise SchemaError(f"reading {loc.url}: {exc}") from exc
+        raise SchemaError(f"reading {where}: {exc}") from exc

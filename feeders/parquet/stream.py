@@ -70,5 +70,5 @@ class ChunkStream:
         # Dense: chunks of several batches, re-cut by Dataset.rebatch (cheap in C++).
         # Ragged: rebatch is slow for ragged tensors, so cut exact batches here instead.
         batches = scan_batches(self.loc, self.units, self.schema, self.names, self.chunk_rows, self.hive)
-        for batch in batches if self.dense else exact_batches(batches, self.chunk_rows):
-            yield to_arrays(self.loc, batch, self.specs)
+        for where, batch in batches if self.dense else exact_batches(batches, self.chunk_rows):
+            yield to_arrays(where, batch, self.specs)

@@ -231,6 +231,28 @@ def test_null_in_a_dense_parquet_column(tmp_path):
     assert batch["x"].numpy().tolist() == [1.5, -1.0, 3.0]
 
 
+def test_a_null_found_only_while_reading_names_its_file_without_the_readers_traceback(tmp_path):
+    # a file written without statistics shows its nulls only when read: the error came as a
+    # 2.5 KB tf.errors message of our reader's frames, naming the directory, not the file
+    import tensorflow as tf
+
+    pq.write_table(pa.table({"x": [1.0, 2.0]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": [3.0, None]}), tmp_path / "b.parquet", write_statistics=False)
+    ds = feeders.parquet_dataset(tmp_path, batch_size=2)  # the footers show no null
+    seen: list[float] = []
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        for batch in ds:
+            seen.extend(batch["x"].numpy().tolist())
+    message = str(info.value)
+    assert f"SchemaError: reading {tmp_path}/b.parquet: column 'x' has 1 null value(s)" in message
+    assert "fill_values={'x': 0}" in message
+    assert "feeders/parquet" not in message, message  # no frames of the reader's internals
+    assert seen == [1.0, 2.0]
+    with_fill = [b["x"].numpy().tolist() for b in feeders.parquet_dataset(tmp_path, batch_size=2,
+                                                                          fill_values={"x": 0.0})]
+    assert with_fill == [[1.0, 2.0], [3.0, 0.0]]
+
+
 def test_a_parquet_directory_given_to_the_tfrecord_reader_is_named_as_parquet(tmp_path):
     # it said "is a directory with no data files"
     for i in range(2):
