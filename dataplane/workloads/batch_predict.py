@@ -50,6 +50,8 @@ class Predictor:
             dimension is the batch.
         output_shape: per-row shape of ``fn``'s output (``()`` for one value per row).
         output_dtype: numpy dtype name of the output.
+        input_shape: per-row shape of a one-input model's input, when known (``(4,)``): lets
+            :func:`predict` check on the driver that stacked scalar columns fill it.
     """
 
     def __init__(
@@ -58,10 +60,12 @@ class Predictor:
         *,
         output_shape: Sequence[int | None],
         output_dtype: str = "float32",
+        input_shape: Sequence[int | None] | None = None,
     ) -> None:
         self.fn = fn
         self.output_shape = tuple(output_shape)
         self.output_dtype = str(output_dtype)
+        self.input_shape = None if input_shape is None else tuple(input_shape)
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return np.asarray(self.fn(arrays))
@@ -80,6 +84,25 @@ def _fit_input(x: np.ndarray, shape: Sequence[int | None], what: str) -> np.ndar
         f"Pass input_cols whose values fit that shape (scalar columns are stacked side by side; "
         f"a list column must hold {math.prod(w or 1 for w in want)} values per row)."
     )
+
+
+def _check_scalar_inputs(frame: Any, names: Sequence[str], cols: Sequence[str],
+                         input_shape: Sequence[int | None] | None) -> None:
+    """Scalar columns stacked side by side must fill a one-input model's input exactly: 3
+    columns for an input of 4 failed only in the Spark job, once per task."""
+    from pyspark.sql.types import ArrayType
+
+    if input_shape is None or len(cols) < 2 or any(d is None for d in input_shape):
+        return
+    if any(isinstance(frame.schema[n].dataType, ArrayType) for n in names):
+        return  # list lengths are known only from the rows
+    want = math.prod(input_shape)  # type: ignore[arg-type]
+    if want != len(cols):
+        raise SchemaError(
+            f"predict: input_cols {list(cols)} stack {len(cols)} scalar values a row, but the "
+            f"model input takes per-row shape {tuple(input_shape)} ({want} values). Pass the "
+            f"{want} columns the model was trained on, in its order."
+        )
 
 
 def _numeric_input(arrays: dict[str, np.ndarray], cols: Sequence[str], dtype: str, what: str) -> None:
@@ -193,7 +216,8 @@ def _keras_predictor(path: str, layer: str | None, input_cols: Sequence[str]) ->
         return np.asarray(model.predict_on_batch(x[0] if len(x) == 1 else x))
 
     out = outputs[0]
-    return Predictor(fn, output_shape=tuple(out.shape)[1:], output_dtype=_dtype_name(out.dtype))
+    return Predictor(fn, output_shape=tuple(out.shape)[1:], output_dtype=_dtype_name(out.dtype),
+                     input_shape=shapes[0][1:] if len(inputs) == 1 else None)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -243,7 +267,8 @@ def _saved_model_predictor(path: str, layer: str | None, input_cols: Sequence[st
         return sig(**feed)[out_name].numpy()
 
     return Predictor(
-        fn, output_shape=tuple(out_spec.shape)[1:], output_dtype=out_spec.dtype.name
+        fn, output_shape=tuple(out_spec.shape)[1:], output_dtype=out_spec.dtype.name,
+        input_shape=tuple(in_specs[in_names[0]].shape)[1:] if len(in_names) == 1 else None,
     )
 
 
@@ -617,6 +642,8 @@ def predict(
     if output_shape is None:
         probe = _cached_predictor(model_path, layer, cols, loader)
         output_shape, output_dtype = probe.output_shape, probe.output_dtype
+        _check_scalar_inputs(frame, [sources.get(c, c) for c in cols], cols,
+                             getattr(probe, "input_shape", None))
     out_type = _arrow_output_type(tuple(output_shape), output_dtype)
 
     from pyspark.sql.pandas.types import from_arrow_type

@@ -187,6 +187,16 @@ def test_bad_arguments_fail_on_the_driver(frame, models, kwargs, exc, text):
     assert text in str(info.value)
 
 
+@pytest.mark.parametrize("model", ["clf", "saved"])
+def test_too_few_scalar_columns_for_the_model_input_fail_on_the_driver(frame, models, model):
+    # 3 scalar columns for an input of 4 were accepted and failed in every task of the job
+    paths, _, _ = models
+    with pytest.raises(SchemaError, match=r"predict: input_cols \['f0', 'f1', 'f2'\] stack 3 scalar "
+                                          r"values a row, but the model input takes per-row shape "
+                                          r"\(4,\) \(4 values\)"):
+        predict(frame, paths[model], input_cols=["f0", "f1", "f2"])  # no Spark action
+
+
 def test_a_file_named_keras_that_is_not_one_is_called_so(frame, tmp_path):
     # Keras said "File not found" of a file that was there
     path = tmp_path / "notes.keras"
