@@ -40,9 +40,20 @@ def saveAsTFRecords(df: Any, output_dir: str) -> None:
         StorageError: ``output_dir`` exists and is not empty (as Hadoop's output format refuses).
         SchemaError: a column TF cannot hold.
     """
+    from dataplane.errors import StorageError
     from formats.export import write_tfrecords
 
-    result = write_tfrecords(df, output_dir)
+    try:
+        result = write_tfrecords(df, output_dir)
+    except StorageError as exc:
+        if "already exists and is not empty" not in str(exc):
+            raise
+        # write_tfrecords' own fix (mode='overwrite') is no argument of this TFoS function
+        raise StorageError(
+            f"saveAsTFRecords: {output_dir} already exists and is not empty; as in TFoS (Hadoop's "
+            f"output format), it is not overwritten. Remove it first or choose a new path, or "
+            f"replace it with formats.write_tfrecords(df, path, mode='overwrite')."
+        ) from exc
     logger.info("saveAsTFRecords: %s", result)
 
 
@@ -77,9 +88,21 @@ def loadTFRecords(sc: Any, input_dir: str, binary_features: Sequence[str] = ()) 
 
     from formats.export import read_tfrecords, spark_arrow_schema
 
+    from dataplane.errors import SchemaError
+
     spark = sc if hasattr(sc, "createDataFrame") else SparkSession.builder.getOrCreate()
     schema = _schema_of_record(_first_record(input_dir), list(binary_features))
-    df = read_tfrecords(spark, input_dir, schema=spark_arrow_schema(schema))
+    try:
+        df = read_tfrecords(spark, input_dir, schema=spark_arrow_schema(schema))
+    except SchemaError as exc:
+        text = str(exc)
+        generic = "(pass a schema with a binary type)"
+        if generic not in text:
+            raise
+        # read_tfrecords' fix (schema=) is no argument here: binary_features= is
+        column = text.split("'")[1] if text.startswith("column '") else "<column>"
+        raise SchemaError(text.replace(
+            generic, f"(loadTFRecords(sc, path, binary_features=[{column!r}]))")) from exc
     loadedDF[df] = input_dir
     return df
 

@@ -19,7 +19,7 @@ import pytest
 
 from dataplane.compat import TFCluster, TFParallel, dfutil
 from dataplane.compat.pipeline import TFEstimator, TFModel
-from dataplane.errors import NodeError
+from dataplane.errors import NodeError, SchemaError, StorageError
 from tests.dataplane import tfos_programs
 
 ROWS = 600  # digits fed per epoch: enough to learn the 10 classes, few enough to be quick
@@ -50,8 +50,8 @@ def _accuracy(lines):
 def test_dfutil_round_trip_keeps_rows_columns_and_values(spark, tmp_path):
     from pyspark.sql import types as T
 
-    rows = [(i, i / 4.0, f"s{i}", bytearray(b"b%d" % i), [float(i), 0.5], [i, -i, 7])
-            for i in range(30)]
+    rows = [(i, i / 4.0, f"s{i}", bytearray(b"\xffb%d" % i), [float(i), 0.5], [i, -i, 7])
+            for i in range(30)]  # blobs that are not UTF-8 text
     schema = T.StructType([
         T.StructField("an_int", T.IntegerType()), T.StructField("a_float", T.FloatType()),
         T.StructField("text", T.StringType()), T.StructField("blob", T.BinaryType()),
@@ -71,9 +71,14 @@ def test_dfutil_round_trip_keeps_rows_columns_and_values(spark, tmp_path):
     assert dfutil.isLoadedDF(back) and not dfutil.isLoadedDF(df)
     got = sorted((r.an_int, r.a_float, r.text, bytes(r.blob), r.floats, r.ints)
                  for r in back.collect())
-    assert got == [(i, i / 4.0, f"s{i}", b"b%d" % i, [float(i), 0.5], [i, -i, 7])
+    assert got == [(i, i / 4.0, f"s{i}", b"\xffb%d" % i, [float(i), 0.5], [i, -i, 7])
                    for i in range(30)]
-    with pytest.raises(Exception, match="exist"):
+    # the fixes named are this API's: binary_features=, and no mode= that saveAsTFRecords lacks
+    with pytest.raises(SchemaError, match=r"column 'blob': bytes_list values cannot be read as string.*"
+                                          r"\(loadTFRecords\(sc, path, binary_features=\['blob'\]\)\)"):
+        dfutil.loadTFRecords(spark.sparkContext, out)
+    with pytest.raises(StorageError, match=r"already exists and is not empty; as in TFoS \(Hadoop's output "
+                                           r"format\), it is not overwritten"):
         dfutil.saveAsTFRecords(df, out)  # as Hadoop's output format: never over existing files
 
 
