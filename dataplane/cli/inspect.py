@@ -45,11 +45,23 @@ _GUESSED_TFRECORD = "tfrecord?"
 
 
 def _detect(path: str) -> str:
+    from formats.errors import StorageError
     from formats.fs import PARQUET_SUFFIXES, list_files, resolve
     from formats.schemafile import SCHEMA_FILE_NAME
 
     loc = resolve(path)
-    files = list_files(loc)
+    try:
+        files = list_files(loc)
+    except StorageError:
+        from formats.schemafile import find_schema_file
+
+        try:
+            empty_export = find_schema_file(loc.path, filesystem=loc.filesystem) is not None
+        except (OSError, ValueError):
+            empty_export = False  # (the listing's error says why)
+        if empty_export:
+            return "tfrecord"  # the export of an empty DataFrame: only its schema file
+        raise
     if any(f.endswith(PARQUET_SUFFIXES) for f in files):
         return "parquet"
     if any(".tfrecord" in f.rsplit("/", 1)[-1] for f in files):
@@ -125,14 +137,25 @@ def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
 
 
 def _parquet_nulls(plan: Any, columns: list[dict[str, Any]]) -> None:
-    """Each top-level column's null count from the footers' statistics (left out when a row
-    group has none): a reader refuses such a column unless given a fill value."""
+    """Each column's null count: from the footers' statistics; for a partition column, the rows
+    of files in its null directory. Where the footers cannot tell (no statistics, or a list
+    column whose leaves count empty lists too), ``nulls`` is None: unknown, not zero."""
     from feeders.parquet.plan import null_counts
 
     counts = null_counts(plan.metadata)
+    leaves = [plan.metadata[0].schema.column(i).path for i in range(len(plan.metadata[0].schema))]
+    partition = set(plan.hive.names) if plan.hive else set()
     for c in columns:
-        if c["name"] in counts:
-            c["nulls"] = counts[c["name"]]
+        name = c["name"]
+        if name in partition:
+            c["nulls"] = sum(int(m.num_rows) for f, m in zip(plan.files, plan.metadata)
+                             if not plan.hive.values[f][name].is_valid)
+        elif name in counts:
+            c["nulls"] = counts[name]
+        else:
+            mine = [p for p in leaves if p.startswith(name + ".")]
+            known_none = bool(mine) and all(counts.get(p) == 0 for p in mine)
+            c["nulls"] = 0 if known_none else None
 
 
 def _null_note(c: dict[str, Any]) -> str:
@@ -260,6 +283,10 @@ def _render(info: dict[str, Any]) -> str:
     for c in info["columns"]:
         if c.get("nulls"):
             lines.append(f"  {c['name']}: {_null_note(c)}")
+        elif "nulls" in c and c["nulls"] is None:
+            lines.append(f"  {c['name']}: null count unknown (the footers keep none for it: files "
+                         f"written without statistics, or a list column with empty lists); a null "
+                         f"stops the readers unless fill_values= names the column")
     lines.append("")
     lines.append("files:")
     for f in info["files"]:

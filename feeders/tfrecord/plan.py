@@ -68,6 +68,19 @@ def _schema_file_near(loc: Location, files: Sequence[str]) -> TFRecordSchema | N
         raise storage_error(exc, f"read {SCHEMA_FILE_NAME} for", loc.url) from exc
 
 
+def _empty_export(loc: Location) -> TFRecordSchema | None:
+    """The schema file of a directory holding nothing else, or None."""
+    from pyarrow import fs
+
+    try:
+        if loc.filesystem.get_file_info(loc.path).type != fs.FileType.Directory:
+            return None
+        found = find_schema_file(loc.path, filesystem=loc.filesystem)
+    except OSError:
+        return None
+    return found if found is not None and found.num_rows == 0 else None
+
+
 def _specs_from(schema: Any, where: str) -> list[ColumnSpec]:
     if isinstance(schema, pa.Schema):
         return column_specs(schema)
@@ -115,7 +128,12 @@ def plan_tfrecord(
                 f"{f' and {len(parquet) - 1} more' if len(parquet) > 1 else ''}), no TFRecord "
                 f"files; read it with feeders.parquet_dataset."
             ) from exc
-        raise
+        empty = _empty_export(loc)
+        if empty is None:
+            raise
+        # the export of an empty DataFrame: its schema file and no data file; no rows
+        specs = _specs_from(schema, loc.url) if schema is not None else list(empty.specs)
+        return TFRecordPlan(loc, [], empty.compression, specs, "schema file", empty)
     found = _schema_file_near(loc, files) if schema is None or compression is None else None
     comp = (
         normalize_compression(compression)

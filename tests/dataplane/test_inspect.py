@@ -191,3 +191,24 @@ def test_null_counts_are_shown_with_the_fill_to_pass(tmp_path):
     write_tfrecord_files(pa.table({"score": [1.0, 2.0]}), records, files=1)
     write_schema_file(records, schema)
     assert "score: 7 null value(s)" in _inspect(str(records)).stdout
+
+
+def test_nulls_the_footers_cannot_count_are_unknown_not_zero(tmp_path):
+    # a file without statistics, a list column with an empty list, and a partition column's
+    # null directory all showed no nulls, though the readers then stopped at them
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "day=1").mkdir()
+    (tmp_path / "day=__HIVE_DEFAULT_PARTITION__").mkdir()
+    pq.write_table(pa.table({"x": [1.0, 2.0], "v": [[1.0], [2.0]], "w": [[1.0], []]}),
+                   tmp_path / "day=1" / "a.parquet")
+    pq.write_table(pa.table({"x": [1.0, None, 3.0], "v": [[1.0], [2.0], [4.0]], "w": [[1.0], [2.0], [3.0]]}),
+                   tmp_path / "day=__HIVE_DEFAULT_PARTITION__" / "b.parquet",
+                   write_statistics=["v.list.element", "w.list.element"])
+    cols = {c["name"]: c for c in json.loads(_inspect("--json", str(tmp_path)).stdout)["columns"]}
+    assert {n: c["nulls"] for n, c in cols.items()} == {"x": None, "v": 0, "w": None, "day": 3}
+    text = _inspect(str(tmp_path)).stdout
+    assert "x: null count unknown (the footers keep none for it" in text
+    assert "w: null count unknown" in text and "v: null" not in text
+    assert "day: 3 null value(s): the readers refuse them unless given fill_values={'day': 0}" in text

@@ -113,6 +113,29 @@ def test_existing_output_is_refused_unless_overwrite(spark, tmp_path):
     assert _data_files(out) == ["part-00000.tfrecord"]
 
 
+def test_the_export_of_an_empty_frame_reads_as_no_rows_everywhere(spark, tmp_path):
+    # it holds only the schema file: tfrecord_dataset and inspect said "no data files"
+    import tensorflow as tf
+
+    from dataplane.cli.inspect import describe
+
+    out = str(tmp_path / "empty")
+    result = formats.write_tfrecords(spark.range(10).selectExpr("id", "cast(id as double) * 0.5 as x").limit(0), out)
+    assert result.rows == 0 and _data_files(tmp_path / "empty") == []
+    ds = feeders.tfrecord_dataset(out, batch_size=4, label="id")
+    features, label = ds.element_spec
+    assert (features["x"].shape.as_list(), features["x"].dtype, list(features)) == ([None], tf.float64, ["x"])
+    assert (label.shape.as_list(), label.dtype) == ([None], tf.int64)
+    assert list(ds) == []
+    info = describe(out)
+    assert (info["format"], info["rows"], info["files"]) == ("tfrecord", 0, [])
+    assert [c["name"] for c in info["columns"]] == ["id", "x"]
+    assert formats.read_tfrecords(spark, out).count() == 0
+    (tmp_path / "empty" / "_tf_schema.json").unlink()  # without it, nothing says it is data
+    with pytest.raises(StorageError, match="is a directory with no data files"):
+        feeders.tfrecord_dataset(out)
+
+
 def test_plain_tensorflow_reads_the_output_with_the_schema_file(spark, tmp_path):
     tf = pytest.importorskip("tensorflow")
     from formats.example import parse_features
