@@ -195,6 +195,10 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         columns = _columns_from_arrow(plan.schema)
         _parquet_shape_hints(plan, columns)
         _parquet_nulls(plan, columns)
+        for c in columns:
+            if c["name"] not in plan.columns:
+                c["hint"] = ("the index pandas wrote (row numbers, no feature): the readers leave "
+                             "it out unless columns= names it")
         return {"url": loc.url, "format": "parquet", "rows": plan.num_rows,
                 "bytes": sum(sizes), "schema_source": "parquet footer",
                 "columns": columns, "files": files}

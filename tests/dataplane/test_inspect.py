@@ -212,3 +212,14 @@ def test_nulls_the_footers_cannot_count_are_unknown_not_zero(tmp_path):
     assert "x: null count unknown (the footers keep none for it" in text
     assert "w: null count unknown" in text and "v: null" not in text
     assert "day: 3 null value(s): the readers refuse them unless given fill_values={'day': 0}" in text
+
+
+def test_the_index_pandas_wrote_is_flagged_as_left_out(tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame({"x": [1.0, 2.0, 3.0]})
+    df[df.x > 1].to_parquet(tmp_path / "part-0.parquet")
+    text = _inspect(str(tmp_path)).stdout
+    assert ("__index_level_0__: the index pandas wrote (row numbers, no feature): the readers "
+            "leave it out unless columns= names it") in text
+    assert "  x: " not in text
