@@ -240,6 +240,10 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
     # not urlsplit's path: '?' and '#' are glob or name characters here, not a query
     netloc, _, rest = url.split("://", 1)[1].partition("/") if scheme else ("", "", "")
     url_path = "/" + rest
+    if scheme == "file":
+        from urllib.parse import unquote
+
+        url_path = unquote(url_path)  # file:///data/my%20set, as Spark's inputFiles() writes it
     if filesystem is not None:
         from pyarrow import fs
 

@@ -22,6 +22,10 @@ def test_plain_and_file_urls(tmp_path, monkeypatch):
         (f"file://{tmp_path}/a", str(tmp_path / "a")),
         ("rel/dir", str(tmp_path / "rel" / "dir")),
         (tmp_path / "p", str(tmp_path / "p")),
+        # percent-encoded, as Spark's df.inputFiles() writes a path with a space; plain paths
+        # keep a literal %
+        (f"file://{tmp_path}/my%20set/x.parquet", str(tmp_path / "my set" / "x.parquet")),
+        (str(tmp_path / "100%20"), str(tmp_path / "100%20")),
     ]:
         loc = resolve(given)
         assert isinstance(loc.filesystem, fs.LocalFileSystem)
