@@ -119,6 +119,7 @@ def _run_trial(payload: tuple[int, dict, Callable, TrialData, str]) -> dict[str,
     prepare_task()
     index, params, train_fn, data, metric = payload
     start = time.perf_counter()
+    clean: dict[str, Any] = {}  # kept on a failed trial: what train_fn returned still shows
     try:
         value = data.get()
         start = time.perf_counter()
@@ -153,7 +154,9 @@ def _run_trial(payload: tuple[int, dict, Callable, TrialData, str]) -> dict[str,
         tail = "\n".join(tail.rstrip().splitlines()[-TRACEBACK_LINES:])
         return {
             "trial": index,
-            "metrics": {},
+            # the other metrics it returned; the ranked one stays null, as it did not rank
+            "metrics": {k: v for k, v in clean.items()
+                        if k != metric and k not in RESERVED_COLUMNS and k not in params},
             "seconds": time.perf_counter() - start,
             "status": "error",
             "error": f"{type(exc).__name__}: {exc}\n{tail}",
@@ -362,8 +365,10 @@ def _cast(value: Any, kind: str) -> Any:
 def _sort_key(metric: str, mode: str) -> Callable[[dict], tuple]:
     def key(row: dict) -> tuple:
         value = row["metrics"].get(metric)
-        if row["status"] != "ok" or not isinstance(value, (int, float)) or math.isnan(value):
-            return (1, 0.0, row["trial"])
+        if row["status"] != "ok":
+            return (2, 0.0, row["trial"])  # failed trials last
+        if not isinstance(value, (int, float)) or math.isnan(value):
+            return (1, 0.0, row["trial"])  # ran, but its metric is NaN (a diverged run)
         return (0, value if mode == "min" else -value, row["trial"])
 
     return key
@@ -411,7 +416,8 @@ def tune(
             trials carry on. ``None`` (default): no limit.
 
     Returns:
-        A Spark DataFrame, one row per trial, best first (failed trials last): ``trial`` (index
+        A Spark DataFrame, one row per trial, best first (a NaN metric after every number,
+        failed trials last, keeping the other metrics they returned): ``trial`` (index
         in the order the space produced the points), one column per param, one per metric,
         ``seconds`` (time inside ``train_fn``; an executor process's first trial also pays for
         the imports it makes, TensorFlow's 5-20 s), ``status`` (``"ok"``/``"error"``) and ``error``

@@ -119,6 +119,22 @@ def test_missing_metric_is_a_trial_error(spark):
     row = out.collect()[0]
     assert row["status"] == "error"
     assert "no 'loss' metric" in row["error"] and "accuracy" in row["error"]
+    assert row["accuracy"] == 0.5  # what it did return is kept, not dropped with the trial
+    assert row["loss"] is None
+
+
+def _diverges(params, data):
+    if params["a"] == 3:
+        raise RuntimeError("a=3 failed")
+    return {"loss": float("nan") if params["a"] == 1 else float(params["a"])}
+
+
+def test_a_nan_metric_ranks_after_the_numbers_and_before_the_failures(spark):
+    import math
+
+    rows = [r.asDict() for r in tune(spark, _diverges, {"a": [3, 1, 2]}, metric="loss").collect()]
+    assert [(r["a"], r["status"]) for r in rows] == [(2, "ok"), (1, "ok"), (3, "error")]
+    assert rows[0]["loss"] == 2.0 and math.isnan(rows[1]["loss"]) and rows[2]["loss"] is None
 
 
 def test_sampler_space_is_seeded(spark):
