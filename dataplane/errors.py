@@ -249,7 +249,8 @@ def model_input_nulls(name: str, arr: "pa.Array", where: str, who: str) -> Schem
         if is_list_type(arr.type):
             # an empty array would not fit the model's input: fill with one of the rows' length
             valid = arr.drop_null()
-            n = len(valid[0].as_py()) if len(valid) else 1
+            # (a batch of null rows only shows no length: say what to put there, not 1)
+            n = len(valid[0].as_py()) if len(valid) else "<values per row>"
             fill = f"F.coalesce(F.col({name!r}), F.array_repeat(F.lit(0.0), {n}))"
         else:
             fill = f"df.fillna({{{name!r}: 0}})"

@@ -173,3 +173,16 @@ CASES = [
 @pytest.mark.parametrize("case", params(CASES))
 def test_bad_input(case: Case, request, tmp_path):
     check(case, Env(request, tmp_path))
+
+
+def test_a_batch_of_null_arrays_only_does_not_suggest_arrays_of_one_value():
+    # with no valid row in the batch the hint said F.array_repeat(F.lit(0.0), 1), which the
+    # model input then refused in turn
+    import pyarrow as pa
+
+    from dataplane.errors import model_input_nulls
+
+    err = model_input_nulls("v", pa.array([None, None], pa.list_(pa.float32())), "a batch", "predict")
+    assert "F.coalesce(F.col('v'), F.array_repeat(F.lit(0.0), <values per row>))" in str(err)
+    err = model_input_nulls("v", pa.array([[1.0, 2.0, 3.0], None], pa.list_(pa.float32())), "a batch", "predict")
+    assert "F.array_repeat(F.lit(0.0), 3))" in str(err)
