@@ -345,6 +345,13 @@ def column_specs(
     specs = []
     for name in names:
         idx = schema.get_field_index(name)
+        if idx < 0 and schema.names.count(name) > 1:
+            made = " (one made by flatten_structs from a struct's field)" if flatten_structs else ""
+            raise SchemaError(
+                f"column name {name!r} appears {schema.names.count(name)} times in the data"
+                f"{made}; a tensor needs one column per name. Rename or drop one of them first "
+                f"(df.withColumnRenamed / df.drop, or pyarrow's table.rename_columns)."
+            )
         if idx < 0:
             raise SchemaError(
                 f"column {name!r} is not in the data; the columns are {schema.names}."

@@ -177,3 +177,13 @@ def test_nested_lists_declared_dense_are_checked_list_by_list():
         to_numpy(t.slice(0, 2), specs)
     with pytest.raises(SchemaError, match=r"row 0 of this batch has a list of 3 lists at nesting level 1"):
         to_numpy(t.slice(2, 1), specs)
+
+
+def test_a_column_name_twice_is_named_as_such():
+    # it said "column 'a.b' is not in the data; the columns are ['a.b', 'a.b']"
+    flat = pa.schema([("a", pa.struct([("b", pa.int64())])), ("a.b", pa.float32())])
+    with pytest.raises(SchemaError, match=r"column name 'a.b' appears 2 times in the data \(one made by "
+                                          r"flatten_structs from a struct's field\); a tensor needs one"):
+        column_specs(flat, flatten_structs=True)
+    with pytest.raises(SchemaError, match=r"column name 'x' appears 2 times in the data; .*withColumnRenamed"):
+        column_specs(pa.schema([("x", pa.int64()), ("x", pa.float32())]))
