@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from formats.errors import DataplaneError
+
 __all__ = ["generator_dataset"]
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,6 @@ class _PlainErrors:
         return self
 
     def __next__(self) -> Any:
-        from formats.errors import DataplaneError
-
         try:
             return next(self._it)
         except DataplaneError as exc:

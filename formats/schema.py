@@ -24,8 +24,9 @@ map, decimal, anything else    SchemaError naming the column and the fix (cast /
 Nested lists become ragged tensors with one ragged dimension per variable-length list level
 (``list<list<float>>`` -> ``ragged_rank`` 2, shape ``(None, None)``). Timestamps of every unit
 become microseconds, Spark's unit (nanoseconds floored; :func:`timestamps_as_micros`); the time
-zone is dropped (values are counts since the UTC epoch). ``ColumnSpec.arrow_type`` remembers the original Arrow type so that
-readers (``formats.read_tfrecords``) can restore it, e.g. to keep ``string`` and ``binary`` apart.
+zone is dropped (values are counts since the UTC epoch). ``ColumnSpec.arrow_type`` remembers the
+original Arrow type so that readers (``formats.read_tfrecords``) can restore it, e.g. to keep
+``string`` and ``binary`` apart.
 
 Nothing here imports TensorFlow at module import time; :func:`tf_spec` imports it when called.
 """
@@ -64,6 +65,7 @@ __all__ = [
     "flatten_struct_fields",
     "tf_spec",
     "to_numpy",
+    "timestamps_as_micros",
 ]
 
 # How Spark writes a pyspark.ml.linalg vector (VectorUDT) into Parquet / Arrow.

@@ -281,7 +281,9 @@ class _Encoder:
             raise self._refuse(index, value, "it is not a number")
         if target in ("float", "double"):
             return float(value)
-        if target == "bigint" and float(value).is_integer():
+        if target == "boolean":
+            raise self._refuse(index, value, "it is not a boolean")
+        if float(value).is_integer():
             return int(value)
         raise self._refuse(index, value, "it would lose its fraction")
 
