@@ -379,9 +379,9 @@ def rdd_to_dataframe(spark: Any, rdd: Any) -> Any:
 
 def _result(row: Any) -> Any:
     """One ``batch_results`` value, as the node's map_fun gave it (``TFNode.RESULT_SCHEMA``)."""
-    import pickle
+    from dataplane.compat.TFNode import decode_result
 
-    return pickle.loads(row[0])
+    return decode_result(row[0])
 
 
 class TFCluster:
@@ -449,8 +449,9 @@ class TFCluster:
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input") -> Any:
         """A lazy RDD of the nodes' ``batch_results`` for every element of ``dataRDD``, in
-        order within each partition: each result is the value map_fun gave (pickled, as TFoS
-        does), and map_fun sees every element once (no probe batch is sent)."""
+        order within each partition: each result is the value map_fun gave, types kept (as TFoS's
+        pickled queue kept them; see ``TFNode.encode_result`` for what a result may hold), and
+        map_fun sees every element once (no probe batch is sent)."""
         from dataplane.compat.TFNode import RESULT_SCHEMA
 
         self._require_spark_mode("inference")

@@ -70,24 +70,94 @@ def column_name(layout: str, index: int, kind: str) -> str:
     return f"{layout}_{index}_{kind}"
 
 
-#: What a node answers ``TFCluster.inference`` with: each ``batch_results`` value pickled, as
-#: TFoS queued them, so the driver's RDD holds the values map_fun gave and no probe batch is
-#: needed to learn their type.
+#: What a node answers ``TFCluster.inference`` with: each ``batch_results`` value encoded by
+#: :func:`encode_result`, so the driver's RDD holds the values map_fun gave (types kept, as
+#: TFoS's queue kept them) and no probe batch is needed to learn their type.
 RESULT_SCHEMA = pa.schema([("result", pa.binary())])
 
 
-def _pickled(results: list[Any]) -> np.ndarray:
-    import pickle
+def encode_result(value: Any) -> bytes:
+    """One ``batch_results`` value as bytes (nothing pickled on the network): None, bool, int,
+    float, str, bytes, numeric or text numpy scalars and arrays (``.npy``, read back with
+    ``allow_pickle=False``), and tuples, lists and str-keyed dicts of those.
 
+    Raises:
+        TypeError: a value of another type (its type name is the message).
+    """
+    import io
+    import struct
+
+    if value is None:
+        return b"N"
+    if type(value) is bool:
+        return b"?" + (b"1" if value else b"0")
+    if type(value) is int:
+        return b"i" + str(value).encode()
+    if type(value) is float:
+        return b"f" + struct.pack("<d", value)
+    if isinstance(value, str):
+        return b"s" + value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return b"b" + bytes(value)
+    if isinstance(value, (np.ndarray, np.generic)) and np.asarray(value).dtype.kind in "biufcSU":
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(value), allow_pickle=False)
+        return (b"a" if isinstance(value, np.ndarray) else b"g") + buf.getvalue()
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        tag, items = b"d", [x for kv in value.items() for x in kv]
+    elif isinstance(value, (tuple, list)):
+        tag, items = (b"t" if isinstance(value, tuple) else b"l"), list(value)
+    else:
+        raise TypeError(type(value).__name__)
+    parts = [encode_result(item) for item in items]
+    return tag + struct.pack("<I", len(parts)) + b"".join(struct.pack("<I", len(p)) + p for p in parts)
+
+
+def decode_result(data: bytes) -> Any:
+    """The value :func:`encode_result` encoded."""
+    import io
+    import struct
+
+    tag, body = data[:1], data[1:]
+    if tag == b"N":
+        return None
+    if tag == b"?":
+        return body == b"1"
+    if tag == b"i":
+        return int(body)
+    if tag == b"f":
+        return struct.unpack("<d", body)[0]
+    if tag == b"s":
+        return body.decode("utf-8")
+    if tag == b"b":
+        return bytes(body)
+    if tag in (b"a", b"g"):
+        arr = np.load(io.BytesIO(body), allow_pickle=False)
+        return arr if tag == b"a" else arr[()]
+    (count,) = struct.unpack_from("<I", body)
+    items, pos = [], 4
+    for _ in range(count):
+        (n,) = struct.unpack_from("<I", body, pos)
+        items.append(decode_result(body[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    if tag == b"t":
+        return tuple(items)
+    if tag == b"l":
+        return items
+    return dict(zip(items[0::2], items[1::2]))
+
+
+def _encoded(results: list[Any]) -> np.ndarray:
     out = np.empty(len(results), dtype=object)
     for i, value in enumerate(results):
         try:
-            out[i] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:
+            out[i] = encode_result(value)
+        except TypeError as e:
             raise FeedError(
-                f"batch_results value {i} ({type(value).__name__}) cannot be pickled to return "
-                f"it to the driver: {e}. Return numbers, str, bytes or numpy arrays."
-            ) from e
+                f"batch_results value {i} holds a {e} ({value!r:.60}), which cannot be returned "
+                f"to the driver; return numbers, str, bytes, numpy arrays, or tuples, lists and "
+                f"str-keyed dicts of them."
+            ) from None
     return out
 
 
@@ -241,7 +311,7 @@ class _NodeFeed:
                 f"batch_results returned {len(results)} results for {len(rows)} rows; TFoS "
                 f"inference needs exactly one result per row (per next_batch)."
             )
-        return {"result": _pickled(results)}
+        return {"result": _encoded(results)}
 
     def terminate(self) -> None:
         """No more rows for this node: refuse later pushes, drop what is waiting."""

@@ -48,6 +48,26 @@ def test_rdd_elements_round_trip_through_columns(spark):
                 assert got == want
 
 
+def test_inference_results_keep_their_types_without_pickle():
+    from dataplane.compat.TFNode import _encoded, decode_result, encode_result
+    from dataplane.errors import FeedError
+
+    values = [None, True, 3, -2**70, 1.5, "é", b"\x00", np.float32(2.5), np.arange(6).reshape(2, 3),
+              ("a", np.float32(1), np.array([1.0])), [1, [2, (3,)]], {"k": np.int64(4)}, np.array(["x", "yy"])]
+    for v in values:
+        back = decode_result(encode_result(v))
+        assert type(back) is type(v), v
+        if isinstance(v, np.ndarray):
+            assert back.dtype == v.dtype and back.tolist() == v.tolist()
+        elif isinstance(v, tuple):
+            assert back[0] == v[0] and type(back[1]) is np.float32 and back[2].tolist() == [1.0]
+        else:
+            assert back == v, v
+    with pytest.raises(FeedError, match=r"batch_results value 1 holds a set \(\{1\}\), which cannot be "
+                                        r"returned to the driver; return numbers, str, bytes"):
+        _encoded([1.0, {1}])
+
+
 def test_unfeedable_elements_are_refused(spark):
     sc = spark.sparkContext
     with pytest.raises(SchemaError, match="empty RDD"):
