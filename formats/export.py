@@ -284,6 +284,17 @@ def read_tfrecords(
 
     Returns:
         A DataFrame, one row per record; absent features are nulls.
+
+    Raises:
+        StorageError: the path does not exist or holds no TFRecord file.
+        SchemaError: no schema given or found and nothing to infer one from, or one of the
+            first records (checked on the driver) does not fit the schema.
+        RecordError: one of the first records is corrupt.
+
+    The DataFrame is lazy: a record past the first ones that is corrupt or does not fit fails
+    the Spark action that reads it (``count()``, ``write``) as Spark's ``PythonException``,
+    whose message ends with the ``RecordError: <file>: ...`` or ``SchemaError: ...`` line
+    naming the file and the fix (:func:`formats.staging.task_error` rebuilds that error).
     """
     from pyarrow import fs as pafs
     from pyspark.sql import types as T
