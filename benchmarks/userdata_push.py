@@ -74,16 +74,9 @@ def read_frame(spark: Any, d: Any) -> Any:
     cols = d.columns
     if d.format == "parquet":
         if d.location.scheme in ("file", "hdfs"):
-            from formats.fs import listing_root
+            from formats.sparkframe import read_parquet
 
-            url = d.spec.url if "://" in d.spec.url else "file://" + str(d.location.path)
-            reader = spark.read
-            root = listing_root(d.location)
-            if root != d.location.path:  # a glob: partition keys count from above it, as ours
-                scheme, rest = url.split("://", 1)
-                netloc = rest.split("/", 1)[0] if d.location.scheme == "hdfs" else ""
-                reader = reader.option("basePath", f"{scheme}://{netloc}{root}")
-            df = reader.parquet(url)
+            df = read_parquet(spark, d.spec.url)  # the files ours read (no README), as ours
         else:
             from pyspark.sql.pandas.types import from_arrow_schema
 

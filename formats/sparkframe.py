@@ -83,3 +83,32 @@ def map_in_arrow(df: Any, fn: Any, schema: Any, **kwargs: Any) -> Any:
         return df.mapInArrow(fn, schema, **kwargs)
     stand_in = df.toDF(*[f"_dataplane_col{i}" for i in range(len(names))])
     return stand_in.mapInArrow(_RealNames(fn, names), schema, **kwargs)
+
+
+def read_parquet(spark: Any, path: str) -> Any:
+    """``spark.read.parquet`` over the files our readers take (:func:`formats.fs.parquet_files`):
+    where a non-Parquet file (a README) sits beside ``*.parquet`` files, Spark would fail on it,
+    so the Parquet files are named one by one. ``basePath`` is set where needed (those named
+    files, a glob) so that ``key=value`` directories give the partition columns ours give.
+
+    Only for paths Spark's own filesystems open (local, ``file://``, ``hdfs://``, ``s3a://``).
+    """
+    from formats.fs import list_files, listing_root, parquet_files, resolve
+
+    loc = resolve(path)
+    listed = list_files(loc)
+    files = parquet_files(loc, listed)
+    if loc.scheme == "file":
+        prefix = "file://"
+    else:
+        scheme, rest = loc.url.split("://", 1)
+        netloc = rest.split("/", 1)[0]
+        prefix = f"{scheme}://" if loc.scheme == "s3" else f"{scheme}://{netloc}"
+    root = listing_root(loc)
+    named = len(files) != len(listed)
+    reader = spark.read
+    if named or root != loc.path:
+        reader = reader.option("basePath", prefix + root)
+    if named:
+        return reader.parquet(*[prefix + f for f in files])
+    return reader.parquet(prefix + loc.path)

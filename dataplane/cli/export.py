@@ -265,7 +265,9 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         if source_format == "tfrecord":
             df = formats.read_tfrecords(spark, args.src, compression=args.src_compression)
         else:
-            df = spark.read.parquet(args.src)
+            from formats.sparkframe import read_parquet
+
+            df = read_parquet(spark, args.src)
         if not df.columns:
             return _fail(f"SRC {args.src} has no columns.")
         if df.isEmpty():

@@ -260,3 +260,23 @@ def test_uniform_shape_needs_one_length_above_zero_per_level():
     assert uniform_shape([[0, 0]]) is None
     assert uniform_shape([[None, None]]) is None
     assert uniform_shape(None) is None and uniform_shape([]) is None
+
+
+def test_spark_reads_the_parquet_files_ours_read_beside_a_readme(spark, tmp_path):
+    # export --to parquet and bench push --data read SRC with spark.read.parquet, which failed
+    # on a README.md that parquet_dataset, inspect and export --to tfrecord skip
+    import pyarrow as pa
+
+    from formats.sparkframe import read_parquet
+
+    for day in (1, 2):
+        (tmp_path / f"day={day}").mkdir()
+        pq.write_table(pa.table({"x": [float(day), day + 0.5]}), tmp_path / f"day={day}" / "part-0.parquet")
+    (tmp_path / "README.md").write_text("two days of x\n")
+    rows = sorted(tuple(r) for r in read_parquet(spark, str(tmp_path)).select("x", "day").collect())
+    assert rows == [(1.0, 1), (1.5, 1), (2.0, 2), (2.5, 2)]
+    (tmp_path / "README.md").unlink()  # plain spark.read.parquet again, same rows
+    assert sorted(tuple(r) for r in read_parquet(spark, f"file://{tmp_path}").select("x", "day").collect()) == rows
+    # a glob: partition keys count from the directory above the first wildcard, as in ours
+    glob = sorted(tuple(r) for r in read_parquet(spark, f"{tmp_path}/day=*/part-0.parquet").select("x", "day").collect())
+    assert glob == rows
