@@ -37,7 +37,9 @@ def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
         for features, label in ds:  # one iteration = one micro-batch
             model.train_on_batch(features["pixels"], label)
             seen += int(label.shape[0])
-        if seen == 0 and ctx.should_stop:
+        # should_stop read every pass (not only after an empty one): the node then knows this
+        # main loops until shutdown, and its last, empty pass is no misread epoch
+        if ctx.should_stop and seen == 0:
             break
         batches, rows = batches + 1, rows + seen
     if ctx.role == "chief":

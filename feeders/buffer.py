@@ -494,7 +494,8 @@ class FeedBuffer:
             f"after earlier passes had read all {read} {split} epoch(s) pushed. main read more "
             f"passes than cluster.train pushed (e.g. fit(epochs=3) over train(df, num_epochs=2), "
             f"or an evaluate(ds) after fit); Keras may report that pass as an epoch, without "
-            f"data. Read one pass per pushed epoch."
+            f"data. Read one pass per pushed epoch. (A main fed by a stream that reads passes "
+            f"until shutdown: read ctx.should_stop after every pass, and this note goes away.)"
         )
 
     def peek_epoch(self, split: str = "train", timeout: float | None = None, *,

@@ -8,7 +8,12 @@ runs one batch at a time). A micro-batch Spark replays after a failure within th
 Stopping: ``query.stop()`` lets the micro-batch in flight finish its push (the push is a Spark job
 the stop does not cancel), then ends the query; no later batch starts. Then call
 ``cluster.shutdown()``: the nodes finish the pushed micro-batches, and an iteration of
-``ctx.dataset()`` waiting for the next one ends empty with ``ctx.should_stop`` set.
+``ctx.dataset()`` waiting for the next one ends empty with ``ctx.should_stop`` set. Read
+``ctx.should_stop`` after every iteration (``if ctx.should_stop and seen == 0: break``), so the
+node knows main loops until shutdown and does not log that last empty iteration as a pass main
+read too many (see ``examples/streaming_digits.py``). A query still running when the cluster
+shuts down fails at its next micro-batch with :class:`~dataplane.errors.ClusterStateError`
+saying so: stop it first.
 
 Classic Spark only: the batch function calls the cluster object living in the driver process.
 """
@@ -30,6 +35,8 @@ class StreamFeed:
     Attributes:
         batches: micro-batches pushed so far.
         rows: rows pushed so far (all epochs of all batches).
+        dropped_for_balance: rows of those left out so that every worker got as many rows of
+            each micro-batch (at most one per partition and batch; ``FeedReport``'s field).
         last_batch_id: the last batch id pushed (-1 before the first).
     """
 
@@ -47,20 +54,51 @@ class StreamFeed:
         self.on_batch = on_batch
         self.batches = 0
         self.rows = 0
+        self.dropped_for_balance = 0
         self.last_batch_id = -1
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _is_empty(batch_df: Any) -> bool:
+        """``batch_df.isEmpty()`` as a Spark job started from a thread of its own, as the push
+        is: ``query.stop()`` interrupts the query's thread, which cancelled a check running
+        there, so the batch in flight was dropped instead of pushed."""
+        out: dict[str, Any] = {}
+
+        def check() -> None:
+            try:
+                out["empty"] = batch_df.isEmpty()
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+                out["error"] = e
+
+        worker = threading.Thread(target=check, name="dataplane-stream-isempty", daemon=True)
+        worker.start()
+        worker.join()
+        if "error" in out:
+            raise out["error"]
+        return bool(out["empty"])
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         with self._lock:  # one batch at a time, even if Spark ever overlapped calls
             if batch_id <= self.last_batch_id:
                 logger.info("stream feed: micro-batch %d was already pushed; skipping", batch_id)
                 return
-            if self.skip_empty and batch_df.isEmpty():
+            state = getattr(self.cluster, "_state", "running")
+            if state != "running":
+                from dataplane.errors import ClusterStateError
+
+                raise ClusterStateError(
+                    f"feed_stream: micro-batch {batch_id} arrived after the cluster began to "
+                    f"shut down (it is {state}); stop the streaming query (query.stop()) before "
+                    f"cluster.shutdown() or the end of the `with dataplane.run(...)` block."
+                )
+            if self.skip_empty and self._is_empty(batch_df):
                 self.last_batch_id = batch_id
                 return
             report = self.cluster.train(batch_df, num_epochs=1, feed_timeout=self.feed_timeout)
             self.batches += 1
             self.rows += report.rows
+            self.dropped_for_balance += report.dropped_for_balance
             self.last_batch_id = batch_id
             logger.info("stream feed: micro-batch %d pushed %d rows", batch_id, report.rows)
             if self.on_batch is not None:

@@ -70,6 +70,58 @@ def test_rate_stream_stopped_midway_ends_cleanly(spark, tmp_path):
         assert max(before) < min(after)  # micro-batches arrive in order
 
 
+def test_a_stop_during_the_emptiness_check_still_pushes_that_batch(spark, tmp_path):
+    # skip_empty's isEmpty() job ran in the query's thread, which query.stop() interrupts: a stop
+    # landing there dropped the micro-batch in flight, against the documented guarantee
+    from pyspark.sql import functions as F
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    for k in range(3):
+        path = src / f"part-{k}.parquet"
+        pq.write_table(pa.table({"value": pa.array(range(k * 300, k * 300 + 300), pa.int64())}), path)
+        os.utime(path, (1_000_000 + k, 1_000_000 + k))
+
+    @F.udf("long")
+    def slow(v):  # every micro-batch's jobs take seconds, so the stop lands inside one
+        time.sleep(0.01)
+        return v
+
+    stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
+              .parquet(str(src)).select(slow("value").alias("value")))
+    tracker = spark.sparkContext.statusTracker()
+    with dataplane.run(spark, stream_main, {"dir": str(out)}, num_nodes=1) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"))
+        deadline = time.monotonic() + 120
+        while query.feed.batches < 1 or not tracker.getActiveJobsIds():
+            assert time.monotonic() < deadline and query.exception() is None
+            time.sleep(0.05)
+        query.stop()  # micro-batch 1's first job (the emptiness check, then the push) is running
+        assert (query.feed.batches, query.feed.rows, query.feed.last_batch_id) == (2, 600, 1)
+    assert wait_json(out / "done.json") == {"epochs": 2}
+    assert [sorted(e) for e in _epochs(out)] == [list(range(300)), list(range(300, 600))]
+
+
+def test_a_query_left_running_past_shutdown_fails_saying_so(spark, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    stream = (spark.readStream.format("rate").option("rowsPerSecond", 20).load().select("value"))
+    with dataplane.run(spark, stream_main, {"dir": str(out)}, num_nodes=1) as cluster:
+        query = feed_stream(cluster, stream, trigger={"processingTime": "300 milliseconds"})
+        deadline = time.monotonic() + 120
+        while query.feed.batches < 1:
+            assert time.monotonic() < deadline and query.exception() is None
+            time.sleep(0.1)
+    # the block ended without query.stop(): the next micro-batch fails the query with the fix
+    deadline = time.monotonic() + 60
+    while query.isActive:
+        assert time.monotonic() < deadline, "the query went on after the cluster stopped"
+        time.sleep(0.2)
+    assert "arrived after the cluster began to shut down (it is " in str(query.exception())
+    assert "stop the streaming query (query.stop()) before cluster.shutdown()" in str(query.exception())
+
+
 def test_static_dataframe_is_refused(spark):
     with pytest.raises(ValueError, match="not a streaming DataFrame"):
         feed_stream(object(), spark.range(3))

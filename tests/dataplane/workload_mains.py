@@ -32,7 +32,7 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     epoch = 0
     while True:
         ids = [int(i) for b in ds for i in b["value"].numpy()]
-        if not ids and ctx.should_stop:
+        if ctx.should_stop and not ids:  # read every pass, as the streaming docs say
             break
         with open(os.path.join(out, f"epoch{epoch:05d}.json"), "w") as f:
             json.dump(ids, f)
