@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file://, s3:// or hdfs:// URLs; --to parquet writes with Spark's own Parquet writer, "
         "so a remote URL there needs Spark's Hadoop connector for it (s3a:// with hadoop-aws)."
     )
-    parser.add_argument("src", metavar="SRC", help="source dataset (file or directory)")
+    parser.add_argument("src", metavar="SRC", help="source dataset: a file, a directory or a quoted glob pattern ('data/day=*/part-*')")
     parser.add_argument("dst", metavar="DST", help="output directory (must not exist or be empty)")
     parser.add_argument("--to", choices=["tfrecord", "parquet"], required=True, help="output format")
     parser.add_argument("--from", dest="source_format", choices=["auto", "parquet", "tfrecord"],
@@ -137,6 +137,10 @@ def _is_tfrecord_source(loc: Any) -> bool:
     info = loc.filesystem.get_file_info(loc.path)
     if info.type == pafs.FileType.File:
         return ".tfrecord" in os.path.basename(loc.path)
+    if info.type == pafs.FileType.NotFound:  # a glob pattern
+        from formats.fs import list_files
+
+        return any(".tfrecord" in os.path.basename(p) for p in list_files(loc))
     if loc.filesystem.get_file_info(f"{loc.path.rstrip('/')}/{SCHEMA_FILE_NAME}").type == pafs.FileType.File:
         return True
     entries = loc.filesystem.get_file_info(pafs.FileSelector(loc.path))
@@ -209,7 +213,11 @@ def run(args: argparse.Namespace) -> int:
         src = resolve(args.src)
         dst = resolve(args.dst)
         if src.filesystem.get_file_info(src.path).type == pafs.FileType.NotFound:
-            return _fail(f"SRC {args.src} does not exist; check the path.")
+            if not any(c in src.path for c in "*?["):
+                return _fail(f"SRC {args.src} does not exist; check the path.")
+            from formats.fs import list_files
+
+            list_files(src)  # a glob pattern (data/day=*/part-*): it must match data files
         dst_info = dst.filesystem.get_file_info(dst.path)
         if dst_info.type == pafs.FileType.File:
             return _fail(f"DST {args.dst} is a file; give a directory path.")

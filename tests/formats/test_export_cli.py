@@ -51,6 +51,21 @@ def test_export_parquet_to_tfrecord_prints_a_summary(tmp_path):
     assert "note: null" not in res.stdout
 
 
+def test_a_glob_source_exports_what_it_matches(tmp_path):
+    # export said "SRC data/*.parquet does not exist" where inspect and bench took the glob
+    for k in range(3):
+        pq.write_table(numeric_table(50), tmp_path / f"part-{k}.parquet")
+    (tmp_path / "notes.txt").write_text("not data\n")
+    res = _cli(tmp_path / "part-[01].parquet", tmp_path / "tfr", "--to", "tfrecord")
+    assert res.returncode == 0, res.stderr
+    assert "exported 100 rows" in res.stdout, res.stdout
+    res = _cli(tmp_path / "tfr" / "part-*", tmp_path / "back", "--to", "parquet")
+    assert res.returncode == 0, res.stderr
+    assert pq.read_table(tmp_path / "back").num_rows == 100
+    res = _cli(tmp_path / "nothing-*.parquet", tmp_path / "none", "--to", "parquet")
+    assert res.returncode != 0 and "nothing-*.parquet matches no data file" in res.stderr
+
+
 def test_nulls_written_as_absent_features_are_noted(tmp_path):
     # the export said nothing; every reader then refused the column for want of a fill value
     src = tmp_path / "src.parquet"
