@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file://, s3:// or hdfs:// URLs; --to parquet writes with Spark's own Parquet writer, "
         "so a remote URL there needs Spark's Hadoop connector for it (s3a:// with hadoop-aws)."
     )
-    parser.add_argument("src", metavar="SRC", help="source dataset: a file, a directory or a quoted glob pattern ('data/day=*/part-*')")
+    parser.add_argument("src", metavar="SRC", help="source dataset: a file, a directory or a "
+                        "quoted glob pattern ('data/day=*/part-*')")
     parser.add_argument("dst", metavar="DST", help="output directory (must not exist or be empty)")
     parser.add_argument("--to", choices=["tfrecord", "parquet"], required=True, help="output format")
     parser.add_argument("--from", dest="source_format", choices=["auto", "parquet", "tfrecord"],
