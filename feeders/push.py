@@ -215,7 +215,8 @@ def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
         return
     if why is Refusal.SCHEMA:
         detail = text[text.index(why.value) + len(why.value):].strip().splitlines()[0]
-        raise SchemaError(f"{detail} (pushed to node {s.node})") from None
+        # (without gRPC's debug context, which repeats the message)
+        raise SchemaError(f"{flight_message(detail)} (pushed to node {s.node})") from None
     raise _error(p, s, e) from e
 
 

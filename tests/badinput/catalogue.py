@@ -109,6 +109,7 @@ def check(case: Case, env: Env) -> BaseException:
     message = str(info.value)
     missing = [s for s in case.says if s not in message]
     assert not missing, f"message lacks {missing}: {message}"
+    assert "gRPC client debug context" not in message, f"gRPC's noise repeats the message: {message}"
     if case.after is not None:
         case.after(env)
     return info.value
