@@ -15,6 +15,12 @@ read too many (see ``examples/streaming_digits.py``). A query still running when
 shuts down fails at its next micro-batch with :class:`~dataplane.errors.ClusterStateError`
 saying so: stop it first.
 
+With several workers each micro-batch is an epoch of its own, evened out as ``cluster.train``
+evens every epoch: up to one row per partition of the micro-batch is left out so that every
+worker gets as many rows (``StreamFeed.dropped_for_balance`` counts them). Small micro-batches
+spread over many partitions lose the most (9 of 65 rows at 5 rows/s over 2 partitions and 2
+workers); a single-partition stream (``stream_df.coalesce(1)``) loses at most one row a batch.
+
 Classic Spark only: the batch function calls the cluster object living in the driver process.
 """
 
