@@ -441,6 +441,10 @@ class _Node:
 
             exc = sys.exc_info()[1]
             if not (isinstance(exc, FeedStopped) and self.stop_event.is_set()):
+                # at once, before the traceback is formatted: the node may already end main's
+                # pass as abandoned, and a driver reading "pass closed, main running" in between
+                # took it for a pass left early and returned from train() without the error
+                self.server.main_state = "failed"
                 ok, tb_text = False, traceback.format_exc()
                 logger.error("node %d: main raised\n%s", self.node_id, tb_text)
             else:  # not a failure, but the code after that call in main did not run
