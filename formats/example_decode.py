@@ -34,7 +34,33 @@ from formats.features import feature_kind, ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec, is_list_type
 from formats.wire import read_varint as _varint
 
-__all__ = ["decode_examples", "infer_specs", "parse_record"]
+__all__ = ["decode_examples", "infer_specs", "parse_record", "NotTextError"]
+
+
+class NotTextError(SchemaError):
+    """A ``bytes_list`` feature's values do not convert to the column's text type (not UTF-8).
+
+    The fix depends on who asked for that type, so callers with another way to ask for binary
+    (``loadTFRecords(binary_features=)``) re-raise with :meth:`with_fix`.
+
+    Attributes:
+        column: the column.
+    """
+
+    def __init__(self, column: str, target: pa.DataType, detail: str,
+                 fix: str = "pass a schema with a binary type") -> None:
+        self.column, self.target, self.detail, self.fix = column, target, detail, fix
+        super().__init__(
+            f"column {column!r}: bytes_list values cannot be read as {target}: {detail}. Read it "
+            f"as binary ({fix}) or fix the writer."
+        )
+
+    def with_fix(self, fix: str) -> "NotTextError":
+        """The same error, naming ``fix`` as the way to read the column as binary."""
+        return NotTextError(self.column, self.target, self.detail, fix)
+
+    def __reduce__(self) -> Any:  # pickled with its parts, not its message
+        return NotTextError, (self.column, self.target, self.detail, self.fix)
 
 _KINDS = {0x0A: "bytes", 0x12: "float", 0x1A: "int64"}
 _ROW_LENGTHS = re.compile(r"^(.*)/row_lengths_(\d+)$")
@@ -249,10 +275,7 @@ def _to_leaf(name: str, kind: str, values: Any, t: pa.DataType) -> pa.Array:
         try:
             return values.cast(t)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise SchemaError(
-                f"column {name!r}: bytes_list values cannot be read as {t}: {exc}. Read it as "
-                f"binary (pass a schema with a binary type) or fix the writer."
-            ) from exc
+            raise NotTextError(name, t, str(exc)) from exc
     v = np.asarray(values)
     if kind == "float":
         if not pa.types.is_floating(t):

@@ -88,21 +88,14 @@ def loadTFRecords(sc: Any, input_dir: str, binary_features: Sequence[str] = ()) 
 
     from formats.export import read_tfrecords, spark_arrow_schema
 
-    from dataplane.errors import SchemaError
+    from formats.example_decode import NotTextError
 
     spark = sc if hasattr(sc, "createDataFrame") else SparkSession.builder.getOrCreate()
     schema = _schema_of_record(_first_record(input_dir), list(binary_features))
     try:
         df = read_tfrecords(spark, input_dir, schema=spark_arrow_schema(schema))
-    except SchemaError as exc:
-        text = str(exc)
-        generic = "(pass a schema with a binary type)"
-        if generic not in text:
-            raise
-        # read_tfrecords' fix (schema=) is no argument here: binary_features= is
-        column = text.split("'")[1] if text.startswith("column '") else "<column>"
-        raise SchemaError(text.replace(
-            generic, f"(loadTFRecords(sc, path, binary_features=[{column!r}]))")) from exc
+    except NotTextError as exc:  # read_tfrecords' fix (schema=) is no argument here
+        raise exc.with_fix(f"loadTFRecords(sc, path, binary_features=[{exc.column!r}])") from exc
     loadedDF[df] = input_dir
     return df
 
