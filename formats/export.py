@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
 from formats.schema import ColumnSpec, column_specs, is_list_type
-from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file, read_schema_file
+from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, empty_export, find_schema_file, read_schema_file
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
 from formats.sparkframe import dense_vectors, map_in_arrow, not_a_spark_frame
@@ -309,7 +309,7 @@ def read_tfrecords(
     try:
         files = list_files(loc)
     except StorageError:
-        if found is None or fs.get_file_info(loc.path).type != pafs.FileType.Directory:
+        if empty_export(loc.path, filesystem=fs) is None:
             raise
         files = []  # an export of an empty DataFrame: only the schema file
     if isinstance(schema, (str, os.PathLike)):

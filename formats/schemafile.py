@@ -39,6 +39,7 @@ __all__ = [
     "write_schema_file",
     "read_schema_file",
     "find_schema_file",
+    "empty_export",
 ]
 
 SCHEMA_FILE_NAME = "_tf_schema.json"
@@ -229,3 +230,22 @@ def find_schema_file(directory: str | os.PathLike, *, filesystem: Any = None) ->
     if fs.get_file_info(target).type != pafs.FileType.File:
         return None
     return read_schema_file(target, filesystem=fs)
+
+
+def empty_export(directory: str | os.PathLike, *, filesystem: Any = None) -> TFRecordSchema | None:
+    """The schema file of ``directory`` when it records an export of no rows, else ``None``.
+
+    An empty DataFrame exports as its schema file alone (``num_rows`` 0), which readers take
+    for zero rows; a schema file that records rows while its data files are gone is not that,
+    and readers let the missing files' error through. Unreadable paths give ``None`` too (the
+    caller's listing error says why)."""
+    from pyarrow import fs as pafs
+
+    try:
+        fs, p = _fs_path(directory, filesystem)
+        if fs.get_file_info(p).type != pafs.FileType.Directory:
+            return None
+        found = find_schema_file(p, filesystem=fs)
+    except (OSError, ValueError):
+        return None
+    return found if found is not None and found.num_rows == 0 else None

@@ -53,13 +53,9 @@ def _detect(path: str) -> str:
     try:
         files = list_files(loc)
     except StorageError:
-        from formats.schemafile import find_schema_file
+        from formats.schemafile import empty_export
 
-        try:
-            empty_export = find_schema_file(loc.path, filesystem=loc.filesystem) is not None
-        except (OSError, ValueError):
-            empty_export = False  # (the listing's error says why)
-        if empty_export:
+        if empty_export(loc.path, filesystem=loc.filesystem) is not None:
             return "tfrecord"  # the export of an empty DataFrame: only its schema file
         raise
     if any(f.endswith(PARQUET_SUFFIXES) for f in files):

@@ -16,7 +16,7 @@ from feeders.tfrecord.files import open_record_batches, sample_records
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, resolve, storage_error
 from formats.schema import ColumnSpec, check_fill_value, column_specs, mapping_arg
-from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, find_schema_file
+from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, empty_export, find_schema_file
 from formats.tfrecord import normalize_compression
 
 __all__ = ["TFRecordPlan", "plan_tfrecord", "select_columns", "check_records"]
@@ -68,19 +68,6 @@ def _schema_file_near(loc: Location, files: Sequence[str]) -> TFRecordSchema | N
         raise storage_error(exc, f"read {SCHEMA_FILE_NAME} for", loc.url) from exc
 
 
-def _empty_export(loc: Location) -> TFRecordSchema | None:
-    """The schema file of a directory holding nothing else, or None."""
-    from pyarrow import fs
-
-    try:
-        if loc.filesystem.get_file_info(loc.path).type != fs.FileType.Directory:
-            return None
-        found = find_schema_file(loc.path, filesystem=loc.filesystem)
-    except OSError:
-        return None
-    return found if found is not None and found.num_rows == 0 else None
-
-
 def _specs_from(schema: Any, where: str) -> list[ColumnSpec]:
     if isinstance(schema, pa.Schema):
         return column_specs(schema)
@@ -128,7 +115,7 @@ def plan_tfrecord(
                 f"{f' and {len(parquet) - 1} more' if len(parquet) > 1 else ''}), no TFRecord "
                 f"files; read it with feeders.parquet_dataset."
             ) from exc
-        empty = _empty_export(loc)
+        empty = empty_export(loc.path, filesystem=loc.filesystem)
         if empty is None:
             raise
         # the export of an empty DataFrame: its schema file and no data file; no rows

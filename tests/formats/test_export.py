@@ -134,6 +134,16 @@ def test_the_export_of_an_empty_frame_reads_as_no_rows_everywhere(spark, tmp_pat
     (tmp_path / "empty" / "_tf_schema.json").unlink()  # without it, nothing says it is data
     with pytest.raises(StorageError, match="is a directory with no data files"):
         feeders.tfrecord_dataset(out)
+    # a schema file that records rows whose files are gone is not an empty export: no reader
+    # may turn the lost files into zero rows
+    gone = tmp_path / "gone"
+    formats.write_tfrecords(spark.range(10), str(gone), num_files=2)
+    for f in _data_files(gone):
+        (gone / f).unlink()
+    for read in (lambda: feeders.tfrecord_dataset(str(gone)), lambda: describe(str(gone)),
+                 lambda: formats.read_tfrecords(spark, str(gone))):
+        with pytest.raises(StorageError, match="is a directory with no data files"):
+            read()
 
 
 def test_plain_tensorflow_reads_the_output_with_the_schema_file(spark, tmp_path):
