@@ -183,6 +183,7 @@ TYPE_SAMPLE = 100
 
 _NUMERIC_RANK = {"boolean": 0, "bigint": 1, "float": 2, "double": 3}
 _NUMPY_OF = {"float": np.float32, "double": np.float64, "bigint": np.int64, "boolean": np.bool_}
+_FROM_BOOL = {"boolean": bool, "bigint": int, "float": float, "double": float}
 
 
 def _numeric_type(dtype: Any) -> str | None:
@@ -274,9 +275,8 @@ class _Encoder:
 
     def _number(self, index: int, value: Any) -> Any:
         target = self.types[index]
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value) if target == "boolean" else (float(value) if target in (
-                "float", "double") else int(value))
+        if isinstance(value, (bool, np.bool_)):  # True/False fit every numeric type
+            return _FROM_BOOL[target](value)
         if not isinstance(value, (int, float, np.number)):
             raise self._refuse(index, value, "it is not a number")
         if target in ("float", "double"):

@@ -75,6 +75,12 @@ class Cluster:
         return sorted(self.topology.nodes, key=lambda n: n.node_id) if self.topology else []
 
     @property
+    def state(self) -> str:
+        """``"starting"``, ``"running"`` (train and inference accepted), ``"stopping"`` or
+        ``"stopped"``."""
+        return self._state
+
+    @property
     def tensorboard_url(self) -> str | None:
         """``http://host:port`` of the chief's TensorBoard, or None when not started."""
         if self.topology is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 __all__ = ["feed_stream", "StreamFeed"]
@@ -63,33 +64,20 @@ class StreamFeed:
         self.dropped_for_balance = 0
         self.last_batch_id = -1
         self._lock = threading.Lock()
+        self._checks = ThreadPoolExecutor(1, thread_name_prefix="dataplane-stream-isempty")
 
-    @staticmethod
-    def _is_empty(batch_df: Any) -> bool:
+    def _is_empty(self, batch_df: Any) -> bool:
         """``batch_df.isEmpty()`` as a Spark job started from a thread of its own, as the push
         is: ``query.stop()`` interrupts the query's thread, which cancelled a check running
         there, so the batch in flight was dropped instead of pushed."""
-        out: dict[str, Any] = {}
-
-        def check() -> None:
-            try:
-                out["empty"] = batch_df.isEmpty()
-            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
-                out["error"] = e
-
-        worker = threading.Thread(target=check, name="dataplane-stream-isempty", daemon=True)
-        worker.start()
-        worker.join()
-        if "error" in out:
-            raise out["error"]
-        return bool(out["empty"])
+        return bool(self._checks.submit(batch_df.isEmpty).result())
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         with self._lock:  # one batch at a time, even if Spark ever overlapped calls
             if batch_id <= self.last_batch_id:
                 logger.info("stream feed: micro-batch %d was already pushed; skipping", batch_id)
                 return
-            state = getattr(self.cluster, "_state", "running")
+            state = self.cluster.state
             if state != "running":
                 from dataplane.errors import ClusterStateError
 
@@ -161,7 +149,7 @@ def feed_stream(
             "or train on static DataFrames with cluster.train. (Inference of a stream, "
             "cluster.inference(stream_df, output_schema=...), works under Spark Connect.)"
         )
-    state = getattr(cluster, "_state", "running")
+    state = cluster.state
     if state != "running":
         raise ValueError(f"feed_stream: the cluster is {state}; start one with dataplane.run.")
     if trigger is not None and not isinstance(trigger, dict):
