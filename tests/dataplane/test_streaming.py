@@ -45,6 +45,48 @@ def test_file_stream_every_row_once_in_batch_order(spark, tmp_path):
     assert [sorted(e) for e in seen] == files  # micro-batch k == file k, in order, complete
 
 
+def test_two_workers_each_micro_batch_once_in_order_and_evened(spark, tmp_path):
+    # micro-batches of 9, 1, 50 and 51 rows over 2 partitions and 2 workers: every row
+    # reaches one worker at most, in its micro-batch's pass; each pass gives both workers the
+    # same rows (the smaller share), the rest is counted as dropped for balance; the 1-row
+    # micro-batch leaves one worker none, so neither yields it
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    sizes, start = [9, 1, 50, 51], 0
+    for k, n in enumerate(sizes):
+        path = src / f"part-{k}.parquet"
+        pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
+        os.utime(path, (1_000_000 + k, 1_000_000 + k))
+        start += n
+    stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
+              .parquet(str(src)).repartition(2))
+    reports = []
+    with dataplane.run(spark, stream_main, {"dir": str(out), "batch_size": 8, "per_node": True},
+                       num_nodes=2) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"),
+                            on_batch=lambda bid, r: reports.append(r))
+        query.processAllAvailable()
+        query.stop()
+        assert query.feed.batches == 4 and query.feed.rows == sum(sizes)
+    nodes = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert len(nodes) == 2, nodes
+    for d in nodes:
+        assert wait_json(out / d / "done.json") == {"epochs": 4}
+    seen = {d: _epochs(out / d) for d in nodes}
+    start = 0
+    for k, (n, report) in enumerate(zip(sizes, reports)):
+        held = sorted(report.rows_per_node.values())
+        assert len(held) == 2 and sum(held) == n and held[1] - held[0] <= 2, (k, report)
+        assert [len(seen[d][k]) for d in nodes] == [held[0]] * 2, (k, report)
+        assert report.dropped_for_balance == held[1] - held[0] and report.rows_unconsumed == {}
+        got = sorted(i for d in nodes for i in seen[d][k])
+        assert len(set(got)) == len(got) and set(got) <= set(range(start, start + n))
+        start += n
+    assert reports[1].dropped_for_balance == 1 and [len(seen[d][1]) for d in nodes] == [0, 0]
+    assert query.feed.dropped_for_balance == sum(r.dropped_for_balance for r in reports)
+
+
 def test_rate_stream_stopped_midway_ends_cleanly(spark, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

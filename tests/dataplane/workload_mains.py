@@ -26,9 +26,13 @@ def digits_train_fn(args, ctx):  # type: ignore[no-untyped-def]
 
 
 def stream_main(args, ctx):  # type: ignore[no-untyped-def]
-    """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order."""
-    ds = ctx.dataset(batch_size=64)
+    """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order
+    (``per_node``: in a folder per node, ``chief0``, ``worker1``...)."""
+    ds = ctx.dataset(batch_size=args.get("batch_size", 64))
     out = args["dir"]
+    if args.get("per_node"):
+        out = os.path.join(out, f"{ctx.role}{ctx.index}")
+        os.makedirs(out, exist_ok=True)
     epoch = 0
     while True:
         ids = [int(i) for b in ds for i in b["value"].numpy()]
