@@ -345,6 +345,11 @@ class Feeder:
                 raise TypeError(f"train({name}=...) must be True or False, got {value!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"train(seed=...) must be an int or None, got {seed!r}")
+        if seed is not None and not shuffle:
+            raise ValueError(
+                f"train(seed={seed}) has no effect without shuffle=True: rows arrive in Spark's "
+                f"order. Pass shuffle=True to shuffle every epoch with that seed, or drop seed."
+            )
         if not (isinstance(feed_timeout, (int, float)) and feed_timeout > 0):
             raise ValueError(f"feed_timeout must be > 0 seconds, got {feed_timeout!r}")
         splits = [self._split("train", df)]
