@@ -131,8 +131,8 @@ class Cluster:
                 of about one feed buffer (``run(buffer_bytes=...)``) as they stream. So rows
                 move across the whole epoch in batch-sized groups and freely within a window;
                 ``dataplane bench train`` reports how far rows move between epochs.
-            seed: the shuffle's seed (only with ``shuffle=True``; alone it is refused, as
-                it would change nothing). The same seed gives the same orders for cached
+            seed: the shuffle's seed (with ``shuffle=False`` it changes nothing, and the
+                report's messages say so). The same seed gives the same orders for cached
                 replays, and for a pushed epoch whose rows arrive in the same order (one
                 partition per worker); Spark's tasks deliver several partitions in whatever
                 order they run, which a pushed epoch's order follows within its windows.

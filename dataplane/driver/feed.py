@@ -345,11 +345,6 @@ class Feeder:
                 raise TypeError(f"train({name}=...) must be True or False, got {value!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"train(seed=...) must be an int or None, got {seed!r}")
-        if seed is not None and not shuffle:
-            raise ValueError(
-                f"train(seed={seed}) has no effect without shuffle=True: rows arrive in Spark's "
-                f"order. Pass shuffle=True to shuffle every epoch with that seed, or drop seed."
-            )
         if not (isinstance(feed_timeout, (int, float)) and feed_timeout > 0):
             raise ValueError(f"feed_timeout must be > 0 seconds, got {feed_timeout!r}")
         splits = [self._split("train", df)]
@@ -357,6 +352,11 @@ class Feeder:
             splits.append(self._split("validation", validation))
         t0 = time.monotonic()
         report = FeedReport(0, 0, 0.0, {}, 0)
+        if seed is not None and not shuffle:  # (a seed kept in a config while shuffle varies)
+            msg = (f"train(seed={seed}) without shuffle=True: the seed changes nothing, rows "
+                   f"arrive in Spark's order; pass shuffle=True to shuffle every epoch.")
+            report.messages.append(msg)
+            logger.warning(msg)
         workers = self._live_workers()
         if not workers:
             failed = self._failure()  # a main that failed since the cluster last looked

@@ -148,8 +148,6 @@ CASES = [
     Case(TR, "cache-not-bool", _train(cache="yes"), TypeError, ("cache", "'yes'")),
     Case(TR, "shuffle-not-bool", _train(shuffle=1), TypeError, ("shuffle", "1")),
     Case(TR, "seed-not-int", _train(seed="7"), TypeError, ("seed", "'7'")),
-    Case(TR, "seed-without-shuffle", _train(seed=7), ValueError,
-         ("train(seed=7)", "no effect without shuffle=True", "drop seed")),
     Case(TR, "feed-timeout-zero", _train(feed_timeout=0), ValueError, ("feed_timeout", "0")),
     Case(TR, "not-a-dataframe", _train(df=lambda env: [1, 2, 3]), TypeError, ("Spark DataFrame", "list")),
     Case(TR, "validation-not-a-dataframe", _train(validation="val.parquet"), TypeError,

@@ -312,10 +312,19 @@ def test_drop_remainder_on_two_workers_pushed_then_cached(spark, tmp_path):
             assert handed == sum(len(ids) for n in workers for ids in seen[n]["train"])
             dropped = 2 * rows - handed - report.dropped_for_balance
             assert dropped > 0 and sum(report.rows_unconsumed.values()) == dropped, report
+            # both epochs split the same rows over the workers: each balanced to the same
+            # share, whose tail past the last whole batch each worker left unread
+            share = (rows - report.dropped_for_balance // 2) // 2
+            tails = [2 * (share - len(seen[workers[0]]["train"][e])) for e in range(2)]
+            assert sum(tails) == dropped, (tails, report)
+            assert (f"train(seed=3) without shuffle=True: the seed changes nothing, rows arrive "
+                    f"in Spark's order; pass shuffle=True to shuffle every epoch."
+                    in report.messages) is not cache, report.messages
             notes = [m for m in report.messages if "drop_remainder=True" in m]
-            assert len(notes) == 2, report.messages  # one for each epoch
-            assert sum(int(m.split(": ")[-1].split(" row")[0]) for m in notes) == dropped, notes
-            assert all(f"node(s) {sorted(workers)} dropped the last partial batch" in m for m in notes), notes
+            assert notes == [
+                f"epoch {report.epochs[e]} (train): node(s) {sorted(workers)} dropped the last "
+                f"partial batch of the pass (ctx.dataset(drop_remainder=True)): {tails[e]} row(s) "
+                f"not read." for e in range(2)], report.messages
     finally:
         _stop(cluster, pids)
 
