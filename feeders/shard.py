@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence, TypeVar
 
-__all__ = ["Shard", "normalize_shard", "take_shard"]
+__all__ = ["Shard", "normalize_shard", "take_shard", "balanced_shards"]
 
 T = TypeVar("T")
 
@@ -63,3 +63,18 @@ def take_shard(items: Sequence[T], shard: Shard | None) -> list[T]:
         return list(items)
     index, count = shard
     return list(items[index::count])
+
+
+def balanced_shards(sizes: Sequence[int], count: int) -> list[int]:
+    """The shard of each item when ``count`` shards take contiguous runs of items holding
+    about as many rows each: an item goes to the shard whose even slice of the total holds
+    the item's middle row (an empty item goes with its neighbours). Items keep their order,
+    so every shard reads its files front to back; no item is split, so shards differ by up
+    to about one item's rows."""
+    total = sum(sizes)
+    out, start = [], 0
+    for n in sizes:
+        middle = start + n / 2
+        out.append(min(count - 1, int(middle * count / total)) if total else 0)
+        start += n
+    return out

@@ -45,9 +45,12 @@ def parquet_dataset(
             column pandas writes for the index of a filtered DataFrame). Only these are decoded.
         batch_size: rows per batch; every batch has exactly this many rows except the last.
         label: a column to yield apart: batches become ``(features, label)``.
-        shard: ``None``, ``(index, count)`` or a node ``ctx``: read every ``count``-th file
-            starting at ``index`` (every ``count``-th row group when there are fewer files
-            than shards).
+        shard: ``None``, ``(index, count)`` or a node ``ctx``: read shard ``index`` of
+            ``count``: a contiguous run of row groups (whole files where it can) holding about
+            ``1/count`` of the rows. Shards differ by up to about one row group (a warning says
+            when by much, or when a shard gets nothing): under MultiWorkerMirroredStrategy,
+            Keras ``fit`` and ``strategy.experimental_distribute_dataset`` cope with that; a
+            loop running a collective per batch of the dataset itself does not.
         filesystem: a ``pyarrow.fs`` (or fsspec) filesystem to read with instead of the one the
             URL implies.
         shapes: declared per-row shapes for list columns (dense instead of ragged).
@@ -110,7 +113,7 @@ def parquet_dataset(
         ds = ds.map(lambda *flat: assemble(flat, specs, label))
     opts = tf.data.Options()
     if shard is not None:
-        # Sharded here by file/row group; a distribution strategy must not shard again.
+        # Sharded here by row groups; a distribution strategy must not shard again.
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     depth = _DEFAULT_PREFETCH if prefetch is None else int(prefetch)
     opts.autotune.enabled = depth == tf.data.AUTOTUNE

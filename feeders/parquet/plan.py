@@ -1,5 +1,5 @@
 """What a Parquet pull reader will read: the files listed, their footers read and checked, this
-shard's units (files, or row groups when there are fewer files than shards), and the rows per
+shard's units (runs of row groups holding about as many rows in every shard), and the rows per
 generator chunk.
 
 The footers give the schema every file must share, the row groups for sharding, and null
@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from feeders.shard import normalize_shard, take_shard
+from feeders.shard import balanced_shards, normalize_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, listing_root, parquet_files, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
@@ -259,19 +259,50 @@ def plan_parquet(
     units: list[tuple[str, list[int] | None]]
     if shard_t is None:
         units = [(f, None) for f in files]
-    elif len(files) >= shard_t[1]:
-        units = [(f, None) for f in take_shard(files, shard_t)]
     else:
-        groups = [(f, [g]) for f, m in zip(files, metas) for g in range(m.num_row_groups)]
-        units = take_shard(groups, shard_t)
-        if not units:
-            logger.warning(
-                "%s has %d file(s) and %d row group(s) for %d shards: shard %d (like shards "
-                "%d-%d) has nothing to read. Write more files or smaller row groups, or use "
-                "fewer shards.",
-                loc.url, len(files), len(groups), shard_t[1], shard_t[0], len(groups), shard_t[1] - 1,
-            )
+        units = _balanced_units(loc, files, metas, shard_t)
     return ParquetPlan(loc, files, schema, metas, units, hive, skipped)
+
+
+def _balanced_units(loc: Location, files: list[str], metas: list[Any], shard: tuple[int, int]) -> list[tuple[str, list[int] | None]]:
+    """This shard's row groups: contiguous runs holding about as many rows in every shard
+    (:func:`feeders.shard.balanced_shards`); a file whose row groups all fall in the shard is
+    read whole. Warns when this shard gets nothing or the shards differ much in rows, since
+    under MultiWorkerMirroredStrategy a loop that runs a collective every step over the
+    dataset itself hangs once one worker runs out of batches."""
+    index, count = shard
+    groups = [(f, g, m.row_group(g).num_rows) for f, m in zip(files, metas) for g in range(m.num_row_groups)]
+    owner = balanced_shards([n for _, _, n in groups], count)
+    rows = [0] * count
+    for (_, _, n), o in zip(groups, owner):
+        rows[o] += n
+    units: list[tuple[str, list[int] | None]] = []
+    for (f, g, _), o in zip(groups, owner):
+        if o != index:
+            continue
+        if units and units[-1][0] == f:
+            units[-1][1].append(g)  # type: ignore[union-attr]
+        else:
+            units.append((f, [g]))
+    by_file = dict(zip(files, metas))
+    units = [(f, None if len(gs) == by_file[f].num_row_groups else gs) for f, gs in units]  # type: ignore[arg-type]
+    total = sum(rows)
+    if total and not rows[index]:
+        logger.warning(
+            "%s: shard %d of %d has nothing to read: the data set's %d rows are in %d row "
+            "group(s) of %d file(s), fewer than the shards. Write more files or smaller row "
+            "groups, or use fewer shards.", loc.url, index, count, total, len(groups), len(files),
+        )
+    elif total and min(rows) < 0.8 * max(rows):
+        logger.warning(
+            "%s: the %d shards hold %s rows (a row group is never split; this shard: %d). "
+            "Under MultiWorkerMirroredStrategy Keras fit and strategy.experimental_distribute_"
+            "dataset cope with shards of different sizes, but a loop that runs a collective "
+            "every step over the dataset itself hangs once one worker runs out of batches. "
+            "Write the data in more, smaller row groups for even shards.",
+            loc.url, count, "/".join(str(r) for r in rows), rows[index],
+        )
+    return units
 
 
 def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:
