@@ -118,8 +118,9 @@ def write_json(path: str, obj: dict) -> None:
 
 
 def wait_for_training(cluster: Any, timeout: float = 900.0) -> None:
-    """Block until every chief/worker ``main`` has returned (pull mode: nothing is pushed, so
-    ``shutdown`` alone would not wait for training to end)."""
+    """Block until every chief/worker ``main`` has returned, or fail after ``timeout`` seconds
+    (pull mode: ``shutdown`` would wait for training to end too, but with no deadline, so a
+    hung example would never end)."""
     workers = {n.node_id for n in cluster.nodes if n.role in ("chief", "worker")}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -447,7 +447,12 @@ class Cluster:
                         f"MultiWorkerMirroredStrategy a step every worker must take (model.save "
                         f"to .keras or a SavedModel, evaluate, predict) waits forever when only "
                         f"some take it. Save with ctx.save_model(model, path) on every worker "
-                        f"(the chief writes path) instead of model.save on the chief alone."
+                        f"(the chief writes path) instead of model.save on the chief alone. "
+                        f"Likewise a loop running a collective for every batch of a dataset "
+                        f"whose workers hold different batch counts (pull shards of different "
+                        f"sizes) waits once one worker runs out: iterate "
+                        f"strategy.experimental_distribute_dataset(ds), or Keras fit, which "
+                        f"cope with that."
                     )
                 logger.warning(
                     "shutdown: waiting for node(s) %s, whose main is still running (training in "
