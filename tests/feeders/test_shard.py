@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import feeders
-from feeders.shard import normalize_shard, take_shard
+from feeders.shard import balanced_shards, normalize_shard, take_shard
 from tests.builders import numeric_table, row_checksum, write_parquet_files, write_tfrecord_files
 
 
@@ -87,3 +87,27 @@ def test_a_node_ctx_selects_its_shard(sharded):
     ctx = SimpleNamespace(role="worker", index=2, worker_index=1, num_workers=3)
     got = _ids(feeders.parquet_dataset(sharded / "pq3", batch_size=1000, shard=ctx))
     assert got.tolist() == list(range(80, 160))
+
+
+def test_balanced_shards_are_contiguous_runs_of_about_equal_size():
+    assert balanced_shards([1000, 10, 517], 2) == [0, 1, 1]
+    assert balanced_shards([50] * 5, 2) == [0, 0, 1, 1, 1]
+    assert balanced_shards([0, 10, 0, 10], 2) == [0, 0, 1, 1]
+    assert balanced_shards([0, 0], 3) == [0, 0]
+    assert balanced_shards([10] * 6, 3) == [0, 0, 1, 1, 2, 2]
+
+
+def test_tfrecord_shards_hold_even_bytes_and_say_when_they_cannot(tmp_path, caplog):
+    # three files of 1000, 10 and 517 records: every other file gave 1517 and 10 records;
+    # by bytes it is 1000 / 527 (a file is never split), which the warning reports
+    import logging
+
+    table = numeric_table(1527).select(["id", "f0"])
+    for k, (a, b) in enumerate([(0, 1000), (1000, 1010), (1010, 1527)]):
+        write_tfrecord_files(table.slice(a, b - a), tmp_path, suffix=f"-{k}.tfrecord")
+    with caplog.at_level(logging.WARNING, logger="feeders.tfrecord.dataset"):
+        parts = [_ids(feeders.tfrecord_dataset(tmp_path, batch_size=64, shard=(i, 2))) for i in range(2)]
+    assert [p.tolist() for p in parts] == [list(range(1000)), list(range(1000, 1527))]
+    said = [r.getMessage() for r in caplog.records if "shards hold" in r.getMessage()]
+    assert len(said) == 2 and "(a file is never split; this shard: " in said[0], said
+    assert "a loop that runs a collective every step over the dataset itself hangs" in said[0]
