@@ -179,7 +179,8 @@ def _parquet_stream(d: Any) -> tuple[Callable[[], Iterator[Any]], Callable[[Any]
 
     dense = not any(s.is_ragged for s in d.specs)
     chunk = chunk_rows_for(d.plan.metadata, d.columns, d.spec.batch_size) if dense else d.spec.batch_size
-    stream = ChunkStream(d.plan.location, d.plan.units, d.specs, d.plan.schema, chunk, None, d.plan.hive)
+    stream = ChunkStream(d.plan.location, d.plan.units, d.specs, d.plan.schema, chunk, None, d.plan.hive,
+                         d.plan.window)
     first = d.specs[0]
 
     def count(item: Any) -> int:

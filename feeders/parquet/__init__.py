@@ -6,9 +6,9 @@ How it reads:
   footers give the schema every file must share, the row groups for sharding, and null counts,
   so a missing column, an unsupported type, a schema that differs between files or a null in a
   dense column is a typed error when the dataset is built, not in the middle of training.
-* Sharding is by rows: each shard takes a contiguous run of row groups (whole files where it
-  can) holding about an even share of the rows, as the footers count them; a row group is never
-  split, so shards differ by up to about one row group.
+* Sharding is by rows: shard i of n reads rows [i*N//n, (i+1)*N//n) in file order, as the
+  footers count them, so shards differ by one row at most; a row group at a boundary is
+  decoded by both shards, each keeping its part.
 * Each iteration scans the shard's files and row groups with ``pyarrow.dataset`` (only the
   projected columns are decoded, by Arrow's threads, two files ahead of the consumer) and
   converts with :func:`formats.schema.to_numpy` (zero-copy for fixed-width columns; no per-row

@@ -46,11 +46,10 @@ def parquet_dataset(
         batch_size: rows per batch; every batch has exactly this many rows except the last.
         label: a column to yield apart: batches become ``(features, label)``.
         shard: ``None``, ``(index, count)`` or a node ``ctx``: read shard ``index`` of
-            ``count``: a contiguous run of row groups (whole files where it can) holding about
-            ``1/count`` of the rows. Shards differ by up to about one row group (a warning says
-            when by much, or when a shard gets nothing): under MultiWorkerMirroredStrategy,
-            Keras ``fit`` and ``strategy.experimental_distribute_dataset`` cope with that; a
-            loop running a collective per batch of the dataset itself does not.
+            ``count``: rows ``[index * N // count, (index + 1) * N // count)`` of the ``N``
+            rows in file order, so shards differ by one row at most (and yield the same batch
+            count unless that row starts a batch). A row group at a shard boundary is decoded
+            by both shards, each keeping its part; the rest is read by one shard only.
         filesystem: a ``pyarrow.fs`` (or fsspec) filesystem to read with instead of the one the
             URL implies.
         shapes: declared per-row shapes for list columns (dense instead of ragged).
@@ -103,7 +102,7 @@ def parquet_dataset(
     check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
     dense = not any(s.is_ragged for s in specs)
     chunk = chunk_rows_for(plan.metadata, wanted, int(batch_size)) if dense else int(batch_size)
-    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label, plan.hive)
+    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label, plan.hive, plan.window)
     if dense:
         sig = signature(plan.schema, wanted, label, shapes)
         ds = generator_dataset(stream, sig)

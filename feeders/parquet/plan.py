@@ -1,5 +1,5 @@
 """What a Parquet pull reader will read: the files listed, their footers read and checked, this
-shard's units (runs of row groups holding about as many rows in every shard), and the rows per
+shard's units (the row groups holding its even share of the rows), and the rows per
 generator chunk.
 
 The footers give the schema every file must share, the row groups for sharding, and null
@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from feeders.shard import balanced_shards, normalize_shard
+from feeders.shard import normalize_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, listing_root, parquet_files, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
@@ -46,6 +46,8 @@ class ParquetPlan:
         hive: the partition columns and each file's values (:mod:`formats.hive`).
         row_counts: rows per file.
         units: this shard's ``(file, row_groups or None)`` pairs, in read order.
+        window: ``(skip, take)``: of the units' rows, the shard skips the first ``skip`` and
+            reads the next ``take``; ``None``: every row of the units.
         columns: what a reader reads when not told which columns: ``schema``'s names but the
             columns pandas wrote for an unnamed index (``__index_level_0__``: a DataFrame
             filtered before ``to_parquet`` keeps its row numbers there, which are no feature).
@@ -60,8 +62,10 @@ class ParquetPlan:
         units: list[tuple[str, list[int] | None]],
         hive: HiveColumns = HiveColumns(),
         skipped: Sequence[str] = (),
+        window: tuple[int, int] | None = None,
     ) -> None:
         self.location = location
+        self.window = window
         self.files = files
         self.file_schema = schema
         self.schema = pa.schema(list(schema) + list(hive.fields))
@@ -77,7 +81,9 @@ class ParquetPlan:
         return int(sum(self.row_counts))
 
     def shard_rows(self) -> int:
-        """Rows this shard's units hold."""
+        """Rows this shard reads."""
+        if self.window is not None:
+            return self.window[1]
         by_file = dict(zip(self.files, self.metadata))
         total = 0
         for path, groups in self.units:
@@ -257,52 +263,42 @@ def plan_parquet(
     hive = hive_columns(files, listing_root(loc), schema.names, display=loc.display)
 
     units: list[tuple[str, list[int] | None]]
+    window = None
     if shard_t is None:
         units = [(f, None) for f in files]
     else:
-        units = _balanced_units(loc, files, metas, shard_t)
-    return ParquetPlan(loc, files, schema, metas, units, hive, skipped)
+        units, window = _balanced_units(loc, files, metas, shard_t)
+    return ParquetPlan(loc, files, schema, metas, units, hive, skipped, window)
 
 
-def _balanced_units(loc: Location, files: list[str], metas: list[Any], shard: tuple[int, int]) -> list[tuple[str, list[int] | None]]:
-    """This shard's row groups: contiguous runs holding about as many rows in every shard
-    (:func:`feeders.shard.balanced_shards`); a file whose row groups all fall in the shard is
-    read whole. Warns when this shard gets nothing or the shards differ much in rows, since
-    under MultiWorkerMirroredStrategy a loop that runs a collective every step over the
-    dataset itself hangs once one worker runs out of batches."""
+def _balanced_units(loc: Location, files: list[str], metas: list[Any], shard: tuple[int, int]) -> tuple[list[tuple[str, list[int] | None]], tuple[int, int]]:
+    """This shard's units and row window: shard ``index`` of ``count`` reads rows
+    ``[index * N // count, (index + 1) * N // count)`` of the data set in file order, so shards
+    differ by one row at most. Its units are the row groups those rows lie in (a file whose
+    groups all do is read whole); the window is (rows to skip in the first unit, rows to
+    take), since a row group at a boundary is decoded by both shards and each keeps its part."""
     index, count = shard
-    groups = [(f, g, m.row_group(g).num_rows) for f, m in zip(files, metas) for g in range(m.num_row_groups)]
-    owner = balanced_shards([n for _, _, n in groups], count)
-    rows = [0] * count
-    for (_, _, n), o in zip(groups, owner):
-        rows[o] += n
+    total = sum(m.num_rows for m in metas)
+    lo, hi = index * total // count, (index + 1) * total // count
     units: list[tuple[str, list[int] | None]] = []
-    for (f, g, _), o in zip(groups, owner):
-        if o != index:
-            continue
-        if units and units[-1][0] == f:
-            units[-1][1].append(g)  # type: ignore[union-attr]
-        else:
-            units.append((f, [g]))
-    by_file = dict(zip(files, metas))
-    units = [(f, None if len(gs) == by_file[f].num_row_groups else gs) for f, gs in units]  # type: ignore[arg-type]
-    total = sum(rows)
-    if total and not rows[index]:
+    start, skip = 0, None
+    for f, m in zip(files, metas):
+        mine = []
+        for g in range(m.num_row_groups):
+            n = m.row_group(g).num_rows
+            if n and start < hi and start + n > lo:
+                mine.append(g)
+                if skip is None:
+                    skip = lo - start
+            start += n
+        if mine:
+            units.append((f, None if len(mine) == m.num_row_groups else mine))
+    if lo == hi:
         logger.warning(
-            "%s: shard %d of %d has nothing to read: the data set's %d rows are in %d row "
-            "group(s) of %d file(s), fewer than the shards. Write more files or smaller row "
-            "groups, or use fewer shards.", loc.url, index, count, total, len(groups), len(files),
+            "%s: shard %d of %d has nothing to read: the data set has %d rows, fewer than the "
+            "shards. Use fewer shards.", loc.url, index, count, total,
         )
-    elif total and min(rows) < 0.8 * max(rows):
-        logger.warning(
-            "%s: the %d shards hold %s rows (a row group is never split; this shard: %d). "
-            "Under MultiWorkerMirroredStrategy Keras fit and strategy.experimental_distribute_"
-            "dataset cope with shards of different sizes, but a loop that runs a collective "
-            "every step over the dataset itself hangs once one worker runs out of batches. "
-            "Write the data in more, smaller row groups for even shards.",
-            loc.url, count, "/".join(str(r) for r in rows), rows[index],
-        )
-    return units
+    return units, (skip or 0, hi - lo)
 
 
 def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:

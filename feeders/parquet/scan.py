@@ -52,7 +52,10 @@ def scan_batches(
     frags = []
     for path, groups in units:
         try:
-            frags.append(fmt.make_fragment(path, filesystem=fs, row_groups=groups))
+            # a subset of a file's row groups as one fragment per group: one fragment given
+            # groups [7, 8, 9] of a 10-group file yielded them as 8, 9, 7 (pyarrow 26)
+            frags.extend([fmt.make_fragment(path, filesystem=fs)] if groups is None else
+                         [fmt.make_fragment(path, filesystem=fs, row_groups=[g]) for g in groups])
         except OSError as exc:
             raise storage_error(exc, "open", loc.display(path)) from exc
     dataset = pds.FileSystemDataset(frags, schema=schema, format=fmt, filesystem=fs)

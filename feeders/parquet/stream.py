@@ -4,7 +4,7 @@ their pages (:mod:`feeders.parquet.pages`), and shaped as the dataset's elements
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
@@ -38,8 +38,10 @@ class ChunkStream:
         chunk_rows: int,
         label: str | None = None,
         hive: HiveColumns = HiveColumns(),
+        window: tuple[int, int] | None = None,
     ) -> None:
         self.loc = loc
+        self.window = window  # (skip, take) of the units' rows: a shard's even share
         # Without ragged columns the generator yields the final structure (no graph map).
         self.dense = not any(s.is_ragged for s in specs)
         self.label = label
@@ -65,10 +67,37 @@ class ChunkStream:
     def _arrays(self) -> Iterator[dict[str, Any]]:
         """The shard's rows as dicts of numpy arrays (chunks, or exact batches when ragged)."""
         if self.paged:
-            yield from PagedChunks(self.loc, self.units, self.specs, self.schema, self.paged, self.chunk_rows, self.pool, self.hive)
+            chunks = PagedChunks(self.loc, self.units, self.specs, self.schema, self.paged, self.chunk_rows, self.pool, self.hive)
+            for lo, hi, arrays in _windowed(chunks, self.window, lambda a: len(next(iter(a.values())))):
+                yield arrays if (lo, hi) == (0, None) else {k: v[lo:hi] for k, v in arrays.items()}
             return
         # Dense: chunks of several batches, re-cut by Dataset.rebatch (cheap in C++).
         # Ragged: rebatch is slow for ragged tensors, so cut exact batches here instead.
         batches = scan_batches(self.loc, self.units, self.schema, self.names, self.chunk_rows, self.hive)
+        if self.window is not None:
+            batches = ((where, b if (lo, hi) == (0, None) else b.slice(lo, (hi or b.num_rows) - lo))
+                       for lo, hi, (where, b) in _windowed(batches, self.window, lambda wb: wb[1].num_rows))
         for where, batch in batches if self.dense else exact_batches(batches, self.chunk_rows):
             yield to_arrays(where, batch, self.specs)
+
+
+def _windowed(chunks: Iterator[Any], window: tuple[int, int] | None,
+              rows: Callable[[Any], int]) -> Iterator[tuple[int, int | None, Any]]:
+    """``(lo, hi, chunk)`` for the chunks holding rows of ``window`` = (skip, take): the
+    chunk's rows ``[lo, hi)`` are in it (``hi`` None: to its end). The chunks after the window
+    are read to the end and dropped (they are the rest of its last row group), so readers
+    ahead finish as they do after a whole pass."""
+    if window is None:
+        for c in chunks:
+            yield 0, None, c
+        return
+    skip, take = window
+    for c in chunks:
+        n = rows(c)
+        if take <= 0 or skip >= n:
+            skip -= min(skip, n)
+            continue
+        lo, hi = skip, min(n, skip + take)
+        skip = 0
+        take -= hi - lo
+        yield lo, (None if hi == n else hi), c
