@@ -988,3 +988,59 @@ def test_a_shutdown_that_stops_main_waiting_for_its_first_data_says_so(spark, tm
         assert "the cluster shut down before any 'train' data was pushed); the rest of main did not run." in line, line
     finally:
         wait_gone(pids, 30)
+
+
+def _pull_collective_loop_main(args, ctx):  # type: ignore[no-untyped-def]
+    """A custom MWMS loop over the pull dataset itself (no experimental_distribute_dataset):
+    an all-reduce per batch, so every worker must take as many batches as the others."""
+    import tensorflow as tf
+
+    import feeders
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    read = feeders.parquet_dataset if args["format"] == "parquet" else feeders.tfrecord_dataset
+    ds = read(args["path"], batch_size=32, shard=ctx)
+
+    @tf.function
+    def rows_everywhere(ids):  # type: ignore[no-untyped-def]
+        return strategy.run(lambda i: tf.distribute.get_replica_context().all_reduce(
+            "sum", tf.size(i)), args=(ids,))
+
+    epochs = []
+    for _ in range(2):
+        ids, total = [], 0
+        for batch in ds:
+            total += int(strategy.experimental_local_results(rows_everywhere(batch["id"]))[0])
+            ids += batch["id"].numpy().tolist()
+        epochs.append({"ids": ids, "total": total})
+    _write(os.path.join(args["dir"], f"{ctx.role}{ctx.index}.json"), epochs)
+
+
+def test_pull_shards_of_uneven_files_under_a_collective_loop(spark, tmp_path):
+    """Parquet files of 1000, 10 and 517 rows read with shard=ctx by 2 MWMS workers whose
+    loop runs an all-reduce per batch of the dataset itself. Every other file gave 1517 and 10
+    rows, and the loop hung once the small shard ran out of batches; shards now split the rows
+    (763 / 764: 24 batches of 32 each)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    table = pa.table({"id": np.arange(1527, dtype=np.int64), "x": np.arange(1527, dtype=np.float32)})
+    for k, (a, b) in enumerate([(0, 1000), (1000, 1010), (1010, 1527)]):
+        pq.write_table(table.slice(a, b - a), str(data / f"part-{k}.parquet"))
+    cluster = dataplane.run(spark, _pull_collective_loop_main,
+                            {"path": str(data), "format": "parquet", "dir": str(tmp_path)}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        deadline = time.monotonic() + 120  # a hang fails here (shutdown would wait for it)
+        while any(m.get("main") == "running" for m in cluster.metrics().values()):
+            assert time.monotonic() < deadline, "the collective loop hung: the shards' batch counts differ"
+            time.sleep(0.5)
+    finally:
+        cluster.shutdown(timeout=30, drain=False)  # (a hung main is ended, not waited for)
+        wait_gone(pids, 30)
+    seen = [wait_json(tmp_path / f"{name}.json") for name in ("chief0", "worker0")]
+    for e in range(2):
+        assert [s[e]["ids"] for s in seen] == [list(range(763)), list(range(763, 1527))]
+        assert [s[e]["total"] for s in seen] == [1527, 1527]  # the all-reduce saw every row
