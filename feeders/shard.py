@@ -68,13 +68,20 @@ def take_shard(items: Sequence[T], shard: Shard | None) -> list[T]:
 def balanced_shards(sizes: Sequence[int], count: int) -> list[int]:
     """The shard of each item when ``count`` shards take contiguous runs of items holding
     about as many rows each: an item goes to the shard whose even slice of the total holds
-    the item's middle row (an empty item goes with its neighbours). Items keep their order,
-    so every shard reads its files front to back; no item is split, so shards differ by up
-    to about one item's rows."""
-    total = sum(sizes)
-    out, start = [], 0
-    for n in sizes:
-        middle = start + n / 2
-        out.append(min(count - 1, int(middle * count / total)) if total else 0)
-        start += n
+    the item's middle row, except that with at least ``count`` items every shard gets one
+    (files of 1000, 1 and 1 rows over 3 shards: one each, not 0 / 1000 / 2). Items keep their
+    order, so every shard reads its files front to back; no item is split, so shards differ
+    by up to about one item's rows."""
+    total, n = sum(sizes), len(sizes)
+    out: list[int] = []
+    start = 0
+    for j, size in enumerate(sizes):
+        middle = start + size / 2
+        want = min(count - 1, int(middle * count / total)) if total else 0
+        if j == 0:
+            want = 0
+        else:  # one shard further at most, never so far behind the rest go without an item
+            want = min(max(want, out[-1], count - (n - j)), out[-1] + 1)
+        out.append(want)
+        start += size
     return out

@@ -91,7 +91,10 @@ def test_balanced_shards_are_contiguous_runs_of_about_equal_size():
     assert balanced_shards([1000, 10, 517], 2) == [0, 1, 1]
     assert balanced_shards([50] * 5, 2) == [0, 0, 1, 1, 1]
     assert balanced_shards([0, 10, 0, 10], 2) == [0, 0, 1, 1]
-    assert balanced_shards([0, 0], 3) == [0, 0]
+    assert balanced_shards([0, 0], 3) == [0, 1]
+    assert balanced_shards([1000, 1, 1], 3) == [0, 1, 2]  # every shard a file, none empty
+    assert balanced_shards([1, 1, 1000], 3) == [0, 1, 2]
+    assert balanced_shards([5, 5, 5, 5, 1000], 2) == [0, 0, 0, 0, 1]
     assert balanced_shards([10] * 6, 3) == [0, 0, 1, 1, 2, 2]
 
 
