@@ -80,20 +80,6 @@ class ParquetPlan:
         """Rows in the whole data set (all shards)."""
         return int(sum(self.row_counts))
 
-    def shard_rows(self) -> int:
-        """Rows this shard reads."""
-        if self.window is not None:
-            return self.window[1]
-        by_file = dict(zip(self.files, self.metadata))
-        total = 0
-        for path, groups in self.units:
-            meta = by_file[path]
-            if groups is None:
-                total += meta.num_rows
-            else:
-                total += sum(meta.row_group(g).num_rows for g in groups)
-        return total
-
 
 def _read_footer(loc: Location, path: str) -> Any:
     import pyarrow.parquet as pq

@@ -4,22 +4,19 @@ chunk, ``rebatch`` when dense, then a fixed prefetch)."""
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from typing import Any, Mapping, Sequence
 
 from feeders.elements import validate_reader_args
 from feeders.generator import generator_dataset
-from feeders.shard import balanced_shards, normalize_shard
-from feeders.tfrecord.plan import check_records, plan_tfrecord, select_columns
+from feeders.shard import normalize_shard
+from feeders.tfrecord.plan import check_records, plan_tfrecord, select_columns, shard_files
 from feeders.tfrecord.stream import RecordBatches, layout_holds
 from formats.example_layout import VALUE_DTYPES, layout_columns
 from formats.features import ragged_dims, row_lengths_key
 from formats.schema import ColumnSpec, declare_shapes
 from formats.tfrecord import normalize_compression
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["tfrecord_dataset"]
 
@@ -115,28 +112,6 @@ def _parse_calls() -> int:
     return max(2, min(8, os.cpu_count() or 2))
 
 
-def _shard_files(loc: Any, files: list[str], shard: tuple[int, int]) -> list[str]:
-    """This shard's files: contiguous runs holding about ``1/count`` of the bytes (records
-    are not counted without reading them; bytes stand in for rows). Warns when the shards
-    still differ much."""
-    index, count = shard
-    sizes = [max(0, int(i.size or 0)) for i in loc.filesystem.get_file_info(files)]
-    owner = balanced_shards(sizes, count)
-    held = [0] * count
-    for n, o in zip(sizes, owner):
-        held[o] += n
-    if sum(sizes) and min(held) < 0.8 * max(held):
-        logger.warning(
-            "%s: the %d shards hold %s bytes of TFRecords (a file is never split; this shard: "
-            "%d). Under MultiWorkerMirroredStrategy Keras fit and strategy.experimental_"
-            "distribute_dataset cope with shards of different sizes, but a loop that runs a "
-            "collective every step over the dataset itself hangs once one worker runs out of "
-            "batches. Write more files of even size (formats.write_tfrecords(num_files=...)).",
-            loc.url, count, "/".join(str(h) for h in held), held[index],
-        )
-    return [f for f, o in zip(files, owner) if o == index]
-
-
 def tfrecord_dataset(
     path_or_url: str | os.PathLike,
     *,
@@ -210,7 +185,7 @@ def tfrecord_dataset(
     files, record_shard = plan.files, None
     if shard_t is not None:
         if len(files) >= shard_t[1]:
-            files = _shard_files(plan.location, files, shard_t)
+            files = shard_files(plan.location, files, shard_t)
         else:
             record_shard = shard_t
     dense = not any(s.is_ragged for s in specs)

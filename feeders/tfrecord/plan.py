@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from feeders.shard import balanced_shards
 from feeders.tfrecord.files import open_record_batches, sample_records
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, resolve, storage_error
@@ -19,7 +21,9 @@ from formats.schema import ColumnSpec, check_fill_value, column_specs, mapping_a
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, empty_export, find_schema_file
 from formats.tfrecord import normalize_compression
 
-__all__ = ["TFRecordPlan", "plan_tfrecord", "select_columns", "check_records"]
+__all__ = ["TFRecordPlan", "plan_tfrecord", "select_columns", "check_records", "shard_files"]
+
+logger = logging.getLogger(__name__)
 
 _NOT_DATA = (".json", ".crc", ".parquet", ".txt", ".md")
 _SUFFIX_COMPRESSION = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB"}
@@ -229,3 +233,25 @@ def check_records(loc: Location, files: Sequence[str], compression: str | None,
                 f"(any value of its type), or rewrite the records without nulls."
             )
         left -= len(records)
+
+
+def shard_files(loc: Any, files: list[str], shard: tuple[int, int]) -> list[str]:
+    """This shard's files: contiguous runs holding about ``1/count`` of the bytes (records
+    are not counted without reading them; bytes stand in for rows). Warns when the shards
+    still differ much."""
+    index, count = shard
+    sizes = [max(0, int(i.size or 0)) for i in loc.filesystem.get_file_info(files)]
+    owner = balanced_shards(sizes, count)
+    held = [0] * count
+    for n, o in zip(sizes, owner):
+        held[o] += n
+    if sum(sizes) and min(held) < 0.8 * max(held):
+        logger.warning(
+            "%s: the %d shards hold %s bytes of TFRecords (a file is never split; this shard: "
+            "%d). Under MultiWorkerMirroredStrategy Keras fit and strategy.experimental_"
+            "distribute_dataset cope with shards of different sizes, but a loop that runs a "
+            "collective every step over the dataset itself hangs once one worker runs out of "
+            "batches. Write more files of even size (formats.write_tfrecords(num_files=...)).",
+            loc.url, count, "/".join(str(h) for h in held), held[index],
+        )
+    return [f for f, o in zip(files, owner) if o == index]

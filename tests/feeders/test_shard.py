@@ -106,7 +106,7 @@ def test_tfrecord_shards_hold_even_bytes_and_say_when_they_cannot(tmp_path, capl
     table = numeric_table(1527).select(["id", "f0"])
     for k, (a, b) in enumerate([(0, 1000), (1000, 1010), (1010, 1527)]):
         write_tfrecord_files(table.slice(a, b - a), tmp_path, suffix=f"-{k}.tfrecord")
-    with caplog.at_level(logging.WARNING, logger="feeders.tfrecord.dataset"):
+    with caplog.at_level(logging.WARNING, logger="feeders.tfrecord.plan"):
         parts = [_ids(feeders.tfrecord_dataset(tmp_path, batch_size=64, shard=(i, 2))) for i in range(2)]
     assert [p.tolist() for p in parts] == [list(range(1000)), list(range(1000, 1527))]
     said = [r.getMessage() for r in caplog.records if "shards hold" in r.getMessage()]
