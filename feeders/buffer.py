@@ -78,6 +78,21 @@ COLLECT_MAX = 60.0
 logger = logging.getLogger(__name__)
 
 
+def _collect(epoch: int) -> None:
+    """A full collection, for a pass that may be held by a reference cycle. ``gc.collect()``
+    does nothing while another thread is inside a collection (a finalizer there that blocks
+    keeps it inside), which no one could see from the node's log."""
+    runs = gc.get_stats()[2]["collections"]
+    gc.collect()
+    if gc.get_stats()[2]["collections"] == runs:
+        logger.warning(
+            "epoch %d's pass has stood still and may be held by a reference cycle, but Python's "
+            "collector could not run: another thread is inside a collection, held there by a "
+            "finalizer (__del__ or a weakref callback) that blocks. Until it returns, the pass "
+            "ends only when main starts another pass over its split or returns.", epoch,
+        )
+
+
 @dataclass
 class _Stream:
     """One reader of a split: a pass, or a ``repeat=True`` stream of passes."""
@@ -631,7 +646,7 @@ class FeedBuffer:
                 return
             self._collect_after[epoch] = (min(2 * wait, COLLECT_MAX), now)
             self._last_collect = now
-        threading.Thread(target=gc.collect, name="dataplane-collect", daemon=True).start()
+        threading.Thread(target=_collect, args=(epoch,), name="dataplane-collect", daemon=True).start()
 
     def epoch_state(self, epoch: int) -> dict[str, Any]:
         """rows received, emitted, closed, complete (see ``feeders.protocol.EpochState``)."""
