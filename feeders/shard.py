@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TypeVar
+from typing import Any, Sequence
 
-__all__ = ["Shard", "normalize_shard", "take_shard", "balanced_shards"]
+__all__ = ["Shard", "normalize_shard", "balanced_shards"]
 
-T = TypeVar("T")
 
-#: ``(index, count)``: this reader takes every ``count``-th unit starting at ``index``.
+#: ``(index, count)``: this reader is shard ``index`` of ``count``.
 Shard = tuple[int, int]
 
 
@@ -55,14 +54,6 @@ def normalize_shard(shard: Any) -> Shard | None:
             f"role receives no data (ps, evaluator) cannot read a training shard."
         )
     return index, count
-
-
-def take_shard(items: Sequence[T], shard: Shard | None) -> list[T]:
-    """Every ``count``-th item starting at ``index`` (all items when ``shard`` is ``None``)."""
-    if shard is None:
-        return list(items)
-    index, count = shard
-    return list(items[index::count])
 
 
 def balanced_shards(sizes: Sequence[int], count: int) -> list[int]:

@@ -24,7 +24,6 @@ from formats.errors import SchemaError, StackError, StorageError
 from feeders.elements import validate_reader_args
 from feeders.parquet import plan_parquet
 from feeders.parquet.plan import check_nulls
-from feeders.shard import normalize_shard, take_shard
 from formats.schema import ColumnSpec, column_specs
 
 __all__ = ["tfio_parquet_dataset", "require_tfio", "tfio_unsupported"]
@@ -74,6 +73,24 @@ def tfio_unsupported(
     return out
 
 
+def _shard_files(plan: Any) -> tuple[list[str], int, int | None]:
+    """The whole files a tensorflow-io shard reads, the rows to skip at their start and the
+    rows to take (None: all): the plan's row window, moved from its first row group to the
+    start of that group's file. A shard without rows reads the first file and takes none
+    (the dataset keeps its element structure)."""
+    if plan.window is None:
+        return list(plan.files), 0, None
+    skip, take = plan.window
+    files = list(dict.fromkeys(path for path, _ in plan.units))
+    if not files:
+        return [plan.files[0]], 0, 0
+    first, groups = plan.units[0]
+    if groups:
+        meta = plan.metadata[plan.files.index(first)]
+        skip += sum(meta.row_group(g).num_rows for g in range(groups[0]))
+    return files, skip, take
+
+
 def tfio_parquet_dataset(
     path: str | os.PathLike,
     *,
@@ -90,7 +107,10 @@ def tfio_parquet_dataset(
         batch_size: rows per batch (the last may be short).
         columns: columns to read (default: all); list columns cannot be read (module doc).
         label: a column to yield apart: ``(features, label)``.
-        shard: ``None``, ``(index, count)`` or a node ctx: by file.
+        shard: ``None``, ``(index, count)`` or a node ctx: shard ``i`` of ``n`` reads rows
+            ``[i * N // n, (i + 1) * N // n)`` of the ``N`` in file order, as
+            :func:`feeders.parquet_dataset` does (tensorflow-io reads whole files, so a
+            shard decodes the rows before its window in its first file and drops them).
         **kw: passed to ``IODataset.from_parquet``.
 
     Raises:
@@ -101,8 +121,7 @@ def tfio_parquet_dataset(
     import tensorflow as tf
 
     validate_reader_args(batch_size, label, columns)
-    shard_t = normalize_shard(shard)
-    plan = plan_parquet(path, columns=columns)
+    plan = plan_parquet(path, columns=columns, shard=shard)
     wanted = list(columns) if columns is not None else list(plan.columns)
     if label is not None and label not in wanted:
         wanted.append(label)
@@ -125,12 +144,14 @@ def tfio_parquet_dataset(
             f"parquet::ParquetException) when reading through its S3 plugin. Copy the files "
             f"locally or read them with feeders.parquet_dataset."
         )
-    files = take_shard(plan.files, shard_t) if shard_t else plan.files
+    files, skip, take = _shard_files(plan)
     names = [plan.location.display(f) for f in files]
     parts = [tfio.IODataset.from_parquet(n, columns=wanted, **kw) for n in names]
     rows = parts[0]
     for p in parts[1:]:
         rows = rows.concatenate(p)
+    if take is not None:
+        rows = rows.skip(skip).take(take)
     targets = {s.name: tf.string if s.dtype == "string" else tf.as_dtype(s.dtype) for s in specs}
 
     def shape(batch):

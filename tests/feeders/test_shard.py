@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import feeders
-from feeders.shard import balanced_shards, normalize_shard, take_shard
+from feeders.shard import balanced_shards, normalize_shard
 from tests.builders import numeric_table, row_checksum, write_parquet_files, write_tfrecord_files
 
 
@@ -41,13 +41,8 @@ def test_normalize_shard_errors(shard, message):
         normalize_shard(shard)
 
 
-def test_take_shard():
-    assert take_shard(list("abcde"), (1, 2)) == ["b", "d"]
-    assert take_shard(list("abc"), None) == ["a", "b", "c"]
-
-
 def _ids(ds) -> np.ndarray:
-    return np.concatenate([b["id"].numpy() for b in ds]) if ds is not None else np.array([])
+    return np.concatenate([b["id"].numpy() for b in ds] + [np.array([], np.int64)])
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +107,33 @@ def test_tfrecord_shards_hold_even_bytes_and_say_when_they_cannot(tmp_path, capl
     said = [r.getMessage() for r in caplog.records if "shards hold" in r.getMessage()]
     assert len(said) == 2 and "(a file is never split; this shard: " in said[0], said
     assert "a loop that runs a collective every step over the dataset itself hangs" in said[0]
+
+
+def test_tensorflow_io_shards_split_the_rows_as_the_native_reader_does(tmp_path):
+    # files of 1000, 10 and 517 rows, row groups of 64: tensorflow-io took every other file
+    # (1517 and 10 rows for two shards); now each shard reads the same rows as
+    # feeders.parquet_dataset's, also starting inside a file's middle row group
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataplane.errors import StackError
+
+    table = numeric_table(1527).select(["id", "f0"])
+    for k, (a, b) in enumerate([(0, 1000), (1000, 1010), (1010, 1527)]):
+        pq.write_table(table.slice(a, b - a), tmp_path / f"part-{k}.parquet", row_group_size=64)
+    if int(pa.__version__.split(".")[0]) >= 16:  # the current stack has no tensorflow-io
+        with pytest.raises(StackError, match="compat stack"):
+            feeders.tfio_parquet_dataset(tmp_path, shard=(0, 2))
+        return
+    for count in (2, 3, 5):
+        parts = [_ids(feeders.tfio_parquet_dataset(tmp_path, batch_size=100, shard=(i, count)))
+                 for i in range(count)]
+        native = [_ids(feeders.parquet_dataset(tmp_path, batch_size=100, shard=(i, count)))
+                  for i in range(count)]
+        assert [p.tolist() for p in parts] == [n.tolist() for n in native], count
+        assert np.concatenate(parts).tolist() == list(range(1527))
+    # more shards than rows: a shard without rows is an empty dataset of the same structure
+    write_parquet_files(table.slice(0, 2), tmp_path / "two")
+    got = [feeders.tfio_parquet_dataset(tmp_path / "two", batch_size=4, shard=(i, 3)) for i in range(3)]
+    assert [_ids(d).tolist() for d in got] == [[], [0], [1]]
+    assert got[0].element_spec == got[1].element_spec
