@@ -73,7 +73,7 @@ def tfio_unsupported(
     return out
 
 
-def _shard_files(plan: Any) -> tuple[list[str], int, int | None]:
+def _files_and_window(plan: Any) -> tuple[list[str], int, int | None]:
     """The whole files a tensorflow-io shard reads, the rows to skip at their start and the
     rows to take (None: all): the plan's row window, moved from its first row group to the
     start of that group's file. A shard without rows reads the first file and takes none
@@ -144,7 +144,7 @@ def tfio_parquet_dataset(
             f"parquet::ParquetException) when reading through its S3 plugin. Copy the files "
             f"locally or read them with feeders.parquet_dataset."
         )
-    files, skip, take = _shard_files(plan)
+    files, skip, take = _files_and_window(plan)
     names = [plan.location.display(f) for f in files]
     parts = [tfio.IODataset.from_parquet(n, columns=wanted, **kw) for n in names]
     rows = parts[0]

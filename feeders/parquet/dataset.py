@@ -112,7 +112,7 @@ def parquet_dataset(
         ds = ds.map(lambda *flat: assemble(flat, specs, label))
     opts = tf.data.Options()
     if shard is not None:
-        # Sharded here by row groups; a distribution strategy must not shard again.
+        # Sharded here by rows; a distribution strategy must not shard again.
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     depth = _DEFAULT_PREFETCH if prefetch is None else int(prefetch)
     opts.autotune.enabled = depth == tf.data.AUTOTUNE
