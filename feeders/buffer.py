@@ -133,6 +133,9 @@ class FeedBuffer:
         # epoch -> (idle seconds before its next collection, when its last one ran)
         self._collect_after: dict[int, tuple[float, float]] = {}
         self._streams: dict[int, _Stream] = {}  # open readers (open_stream), by id
+        # split -> (epoch, batches, rows): rows past the limit a complete pass over a carry
+        # epoch held back for the next one (see take_carry)
+        self._carry: dict[str, tuple[int, list[pa.RecordBatch], int]] = {}
         self._stream_ids = itertools.count(1)
         self._last_collect = 0.0
         self.metrics: dict[str, Any] = {
@@ -657,7 +660,8 @@ class FeedBuffer:
                         "ended_feed": self._consumer_done}
             out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
                    "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed,
-                   "failure": ep.failure}
+                   "failure": ep.failure, "carried_in": ep.carried_in,
+                   "carried_out": ep.carried_out}
             if ep.info.replay is not None:
                 cache = self._caches.get(ep.info.replay)
                 out["cache_rows"] = cache.rows if cache is not None and cache.sealed else None
@@ -679,6 +683,7 @@ class FeedBuffer:
         with self._cond:
             self._consumer_done = True
             self.metrics["consumer_finished"] = True
+            self._carry.clear()
             for ep in self._epochs.values():
                 ep.ended_feed = ep.ended_feed or not ep.closed
                 self._close(ep)
@@ -852,17 +857,40 @@ class FeedBuffer:
             self._cond.notify_all()
             return out, min(safe, ep.rows_in), (None if ep.feeding else ep.limit)
 
+    def take_carry(self, epoch: int) -> list[pa.RecordBatch]:
+        """The rows a pass over ``epoch`` begins with: those the complete pass over its
+        ``carry_from`` epoch held back (``EpochInfo.carry``), which the driver counted in this
+        epoch's limit. Rows of the split held back from any other epoch are dropped here: the
+        driver counted them as dropped or unconsumed when it began this epoch (a micro-batch
+        whose columns differ, an epoch this node left early)."""
+        with self._cond:
+            ep = self._epochs[epoch]
+            held = self._carry.pop(ep.info.split, None)
+            if held is None or ep.info.carry_from is None or held[0] != ep.info.carry_from:
+                return []
+            ep.carried_in = held[2]
+            if all(b.schema.equals(ep.info.schema) for b in held[1]):
+                return held[1]
+            # (same columns as the driver checked, but Spark's nullability or list child
+            # names may differ between micro-batches: one schema within a pass)
+            return pa.Table.from_batches(held[1]).cast(ep.info.schema).to_batches()
+
     def finish_epoch(self, epoch: int, rows_out: int, *, complete: bool = True,
-                     failure: str | None = None) -> None:
+                     failure: str | None = None, carry: list[pa.RecordBatch] | None = None) -> None:
         """The consumer's pass over ``epoch`` has ended, having handed ``rows_out`` rows to
         TensorFlow; ``complete=False``: it was left early (the rest is refused from now on);
-        ``failure``: it ended with that error, which main is about to raise. A no-op for a
-        pass already ended as abandoned (its generator closes later)."""
+        ``failure``: it ended with that error, which main is about to raise; ``carry``: the
+        rows past the limit of a complete pass over a carry epoch, held back for the next
+        (see :meth:`take_carry`). A no-op for a pass already ended as abandoned (its generator
+        closes later)."""
         with self._cond:
             ep = self._epochs.get(epoch)
             if ep is not None and ep.finished:
                 return
             if ep is not None:
+                if complete and ep.info.carry and carry:
+                    ep.carried_out = sum(b.num_rows for b in carry)
+                    self._carry[ep.info.split] = (epoch, carry, ep.carried_out)
                 self._finish(ep, rows_out, complete=complete, failure=failure)
             else:
                 self.metrics["rows_out"] += rows_out

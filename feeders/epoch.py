@@ -47,7 +47,10 @@ class EpochInfo:
 
     ``split``: which dataset reads it (``ctx.dataset(split=...)``). ``shuffle`` / ``seed``: the
     rows come out in a seeded random order. ``record``: keep the rows in the node's cache under
-    this id. ``replay``: the epoch's rows come from that cache, not from Spark.
+    this id. ``replay``: the epoch's rows come from that cache, not from Spark. ``carry``: a
+    complete pass holds back the rows past its limit for the next carry epoch of its split,
+    which begins with them if its ``carry_from`` is this epoch (streaming micro-batches: see
+    ``FeedBuffer.take_carry``).
     """
 
     epoch: int
@@ -58,6 +61,8 @@ class EpochInfo:
     seed: int | None = None
     record: str | None = None
     replay: str | None = None
+    carry: bool = False
+    carry_from: int | None = None
 
     def shuffle_seed(self, *salt: int) -> list[int]:
         """The seed of this epoch's shuffles: the user's seed, the epoch id, then ``salt``."""
@@ -140,6 +145,8 @@ class NodeEpoch:
     rows_in: int = 0
     limit: int | None = None  # rows every worker yields this epoch (set by the driver)
     emitted: int = 0  # rows handed to TensorFlow
+    carried_in: int = 0  # rows held back from the previous carry epoch its pass began with
+    carried_out: int = 0  # rows past the limit its complete pass held back for the next one
     closed: bool = False  # the consumer's pass has ended
     claimed: bool = False  # a pass over it began (claim_epoch)
     stream: int | None = None  # ... by this reader (FeedBuffer.open_stream)

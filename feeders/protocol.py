@@ -162,7 +162,10 @@ class BeginEpoch:
     """``begin_epoch``: the epoch's id, Arrow schema and fixed array lengths; which split reads
     it; whether its rows come out shuffled (and the seed); ``record``: the node keeps the rows
     in its cache under this id; ``replay``: the rows come from that cache, not from Spark.
-    The reply carries ``cache_rows`` for a replayed epoch."""
+    ``carry`` (a stream's micro-batch): the rows past the epoch's limit are not dropped but
+    held back for the next carry epoch; ``carry_from``: this epoch begins with the rows held
+    back from that epoch (the driver counts them in its limit). The reply carries
+    ``cache_rows`` for a replayed epoch."""
 
     epoch: int
     schema_ipc: bytes
@@ -172,19 +175,22 @@ class BeginEpoch:
     seed: int | None = None
     record: str | None = None
     replay: str | None = None
+    carry: bool = False
+    carry_from: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "schema": self.schema_ipc.hex(),
                 "shapes": {k: list(v) for k, v in self.shapes.items()}, "split": self.split,
                 "shuffle": self.shuffle, "seed": self.seed, "record": self.record,
-                "replay": self.replay}
+                "replay": self.replay, "carry": self.carry, "carry_from": self.carry_from}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "BeginEpoch":
         return cls(int(d["epoch"]), bytes.fromhex(d["schema"]),
                    {k: tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()},
                    str(d.get("split", "train")), bool(d.get("shuffle", False)), d.get("seed"),
-                   d.get("record"), d.get("replay"))
+                   d.get("record"), d.get("replay"), bool(d.get("carry", False)),
+                   None if d.get("carry_from") is None else int(d["carry_from"]))
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,9 @@ class EpochState:
     ``complete``: it ended by reaching the limit, ``main``: running | finished | failed,
     ``ended_feed``: the pass was closed because the node reads no more pushed rows
     (``ctx.end_feed()``, ``ctx.serve``), ``failure``: the pass ended with this error (a batch
-    that did not convert), which the node's main raises.
+    that did not convert), which the node's main raises. ``carried_in``: rows held back from
+    the previous carry epoch that the pass began with (not in ``rows``); ``carried_out``: rows
+    past the limit the complete pass held back for the next one (``BeginEpoch.carry``).
     """
 
     rows: int
@@ -206,6 +214,8 @@ class EpochState:
     main: str
     ended_feed: bool = False
     failure: str | None = None
+    carried_in: int = 0
+    carried_out: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,7 +224,8 @@ class EpochState:
     def from_json(cls, d: dict[str, Any]) -> "EpochState":
         return cls(int(d["rows"]), int(d.get("emitted", 0)), bool(d.get("closed", False)),
                    bool(d.get("complete", False)), str(d.get("main", "running")),
-                   bool(d.get("ended_feed", False)), d.get("failure"))
+                   bool(d.get("ended_feed", False)), d.get("failure"),
+                   int(d.get("carried_in", 0)), int(d.get("carried_out", 0)))
 
 
 @dataclass(frozen=True)

@@ -83,15 +83,23 @@ def iterate_epoch(
     An epoch announced with ``shuffle`` is shuffled in windows: rows are gathered until they
     hold ``shuffle_bytes`` (default: the buffer's capacity) or the epoch ends, then permuted
     with a generator seeded by the epoch's seed and id, then cut into batches.
+
+    A stream's micro-batch (an epoch announced with ``carry``) begins with the rows the
+    previous one held back, ahead of its pushed rows, and a complete pass holds back the rows
+    past its limit instead of dropping them (``FeedBuffer.take_carry``). The driver counts
+    them in the limit; while the epoch streams, only pushed rows count as safe.
     """
     info = buffer.wait_epoch_info(epoch)
     if info is None:
         return
-    pending: list[pa.RecordBatch] = []
-    pending_rows = pending_bytes = received = emitted = 0
+    pending: list[pa.RecordBatch] = buffer.take_carry(epoch)
+    pending_rows = received = sum(b.num_rows for b in pending)
+    pending_bytes = sum(b.nbytes for b in pending)
+    emitted = 0
     limit: int | None = None
     complete = False
     failure: str | None = None
+    carry: list[pa.RecordBatch] | None = None
     rng = None
     if info.shuffle:
         import numpy as np
@@ -144,6 +152,8 @@ def iterate_epoch(
                         return
                     emitted += tail
                     yield item
+                if info.carry and received > limit:  # type: ignore[operator]
+                    carry = _held_back(pending, received - limit)  # type: ignore[operator]
                 complete = True
                 return
     except FeedStopped:
@@ -158,7 +168,15 @@ def iterate_epoch(
     finally:
         # Also when the pass is left early (GeneratorExit: break, take, steps_per_epoch, a
         # dropped iterator): the buffer then refuses the rest of this epoch at once.
-        buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure)
+        buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure, carry=carry)
+
+
+def _held_back(pending: list[pa.RecordBatch], rows: int) -> list[pa.RecordBatch]:
+    """The last ``rows`` rows of ``pending``, copied (a slice would keep whole Flight chunks
+    alive until the next micro-batch)."""
+    total = sum(b.num_rows for b in pending)
+    table = pa.Table.from_batches(pending, schema=pending[0].schema).slice(total - rows)
+    return table.take(np.arange(rows)).combine_chunks().to_batches()
 
 
 def _reads_the_same(pushed: pa.Schema, built: pa.Schema, wanted: Sequence[str] | None) -> bool:

@@ -159,6 +159,13 @@ class Cluster:
             shuffle=shuffle, seed=seed, validation=validation,
         )
 
+    def _train_micro_batch(self, df: Any, feed_timeout: float) -> FeedReport:
+        """``train(df)`` for a stream's micro-batch (:mod:`dataplane.workloads.streaming`): the
+        rows past the balanced count are held back on the workers for the next micro-batch
+        instead of dropped (``FeedReport.carried_out``)."""
+        self._check_running("train")
+        return self._feeder.train(df, num_epochs=1, feed_timeout=feed_timeout, carry=True)
+
     def inference(
         self,
         df: Any,

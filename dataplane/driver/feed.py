@@ -7,6 +7,13 @@ how many rows to yield (the minimum, so all yield the same number of batches). `
 once every worker's pass over each epoch has ended (read to its end, left early, or its main
 returned), so its :class:`FeedReport` accounts for every row: consumed + ``rows_unconsumed`` +
 ``dropped_for_balance`` = rows pushed.
+
+A stream's micro-batches (``train(carry=True)``, used by :mod:`dataplane.workloads.streaming`)
+do not drop the rows past the limit: each worker holds them back for the next micro-batch, whose
+pass begins with them, and the driver counts them in that epoch's limit. The next push hands
+every partition's extra rows to the workers holding back the fewest, so what a worker holds back
+stays within about one row per partition of a micro-batch instead of growing from batch to
+batch.
 """
 
 from __future__ import annotations
@@ -56,6 +63,12 @@ class FeedReport:
         spark_tasks: the tasks of those jobs that pushed (one per partition, but a DataFrame
             of many partitions is pushed by at most a few tasks per task slot).
         rows_per_split: rows pushed or replayed per split (``"train"``, ``"validation"``).
+        carried_in: rows an earlier micro-batch of a stream held back on the workers (instead
+            of dropping them for balance) that this one began with
+            (:func:`dataplane.workloads.streaming.feed_stream`); 0 for ``cluster.train``.
+        carried_out: rows of this micro-batch past the balanced count, held back on the
+            workers for the next one. consumed + ``rows_unconsumed`` + ``dropped_for_balance``
+            + ``carried_out`` = ``rows`` + ``carried_in``.
         epochs: epoch ids used for this feed.
         messages: notes for the user (e.g. a node that stopped consuming early).
     """
@@ -71,11 +84,14 @@ class FeedReport:
     rows_per_split: dict[str, int] = field(default_factory=dict)
     epochs: list[int] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    carried_in: int = 0
+    carried_out: int = 0
 
     @property
     def rows_consumed(self) -> int:
         """Rows the workers' datasets handed to TensorFlow."""
-        return self.rows - sum(self.rows_unconsumed.values()) - self.dropped_for_balance
+        return (self.rows + self.carried_in - sum(self.rows_unconsumed.values())
+                - self.dropped_for_balance - self.carried_out)
 
 
 @dataclass
@@ -95,6 +111,8 @@ class _EpochBooks:
     reading: set[int] = field(default_factory=set)  # nodes told the limit
     balance: bool = True  # every reading worker yields the same rows (MWMS needs it)
     ending: list[Any] = field(default_factory=list)  # (node, future) of the END_EPOCH actions
+    carry: bool = False  # a stream's micro-batch: rows past the limit are held back, not dropped
+    carried_in: dict[int, int] = field(default_factory=dict)  # node -> rows it begins with
     withdrawn: bool = False  # a failed call took it back before any worker yielded from it (Feeder._abort)
 
 
@@ -158,7 +176,8 @@ def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> li
         known = any(sp.name == ep.split and sp.rows == 0 for sp in splits)
         # (limit 0 with rows pushed: too few rows only if two or more workers still read it;
         # with none reading, every worker left the epoch early)
-        if ep.limit == 0 and ep.assigned and not known and (pushed == 0 or (ep.balance and len(ep.reading) > 1)):
+        if ep.limit == 0 and ep.assigned and not known and (pushed == 0 or (
+                ep.balance and not ep.carry and len(ep.reading) > 1)):
             notes.append(_empty_message(ep.split) if pushed == 0 else _too_few_message(ep, pushed))
             break
     return list(dict.fromkeys(notes))
@@ -216,6 +235,15 @@ class DataNotes:
 
 
 @dataclass
+class _Carry:
+    """Rows the workers held back from the last micro-batch of a stream (``train(carry=True)``)."""
+
+    epoch: int
+    schema: pa.Schema
+    rows: dict[int, int]  # node -> rows
+
+
+@dataclass
 class _Cached:
     """A DataFrame the workers hold in their caches (train(cache=True))."""
 
@@ -265,6 +293,7 @@ class Feeder:
         self._failure = failure
         self._epoch = 0
         self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
+        self._carry: _Carry | None = None  # rows held back from the last micro-batch
         self._pool: Any = None  # threads sending control actions to the nodes at once
         self.notes = DataNotes()  # added to a node's failure by train() and the cluster
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
@@ -337,7 +366,14 @@ class Feeder:
         seed: int | None = None,
         validation: Any = None,
         balance: bool = True,
+        carry: bool = False,
     ) -> FeedReport:
+        """``carry``: ``df`` is a stream's micro-batch (one epoch, no validation, no cache): rows
+        past the balanced count are held back for the next micro-batch (see the module
+        docstring)."""
+        if carry and (num_epochs != 1 or validation is not None or cache or not balance):
+            raise ValueError("train(carry=True) pushes one micro-batch: one epoch, balanced, "
+                             "no validation, no cache")
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
         for name, value in (("cache", cache), ("shuffle", shuffle)):
@@ -368,6 +404,9 @@ class Feeder:
                 "train(): every chief and worker's main has returned (or failed), so nothing "
                 "would read the data; cluster.shutdown() reports how each main ended." + why
             )
+        carry_from, carried_in = self._carried(splits[0], workers, report, carry)
+        if carry:  # a partition's extra rows go to the first workers: those holding back fewest
+            workers = sorted(workers, key=lambda n: carried_in.get(n.node_id, 0))
         clock = FeedClock(feed_timeout, lambda: self._rows_moved(workers))
         ids = tuple(n.node_id for n in workers)
         caches: dict[str, tuple[str, bool]] = {}  # split -> (cache id, already recorded)
@@ -381,7 +420,8 @@ class Feeder:
         books: list[_EpochBooks] = []
         for e in range(num_epochs):
             for sp in splits:
-                ep = _EpochBooks(self._epoch, list(workers), sp.name, sp, balance=balance)
+                ep = _EpochBooks(self._epoch, list(workers), sp.name, sp, balance=balance,
+                                 carry=carry, carried_in=dict(carried_in))
                 self._epoch += 1
                 if sp.name in caches:
                     cid, recorded = caches[sp.name]
@@ -392,7 +432,8 @@ class Feeder:
                 books.append(ep)
         begins = [
             BeginEpoch(ep.epoch, ep.source.schema_ipc, ep.source.shapes, split=ep.source.name,
-                       shuffle=shuffle, seed=seed, record=ep.record, replay=ep.replay).to_json()
+                       shuffle=shuffle, seed=seed, record=ep.record, replay=ep.replay,
+                       carry=ep.carry, carry_from=carry_from if ep.carried_in else None).to_json()
             for ep in books
         ]
         self._each(workers, Action.BEGIN_EPOCH, lambda n: {"epochs": begins})  # in order, at once
@@ -422,6 +463,39 @@ class Feeder:
         self.notes.after_call(splits, books)
         report.seconds = time.monotonic() - t0
         return report
+
+    def _carried(self, sp: _Split, workers: Sequence[NodeInfo], report: FeedReport,
+                 carry: bool) -> tuple[int | None, dict[int, int]]:
+        """The rows the workers held back from the last micro-batch: (its epoch, node -> rows)
+        for this call to begin with, if it is the stream's next micro-batch with the same
+        columns. Rows that cannot go on are accounted for in ``report`` now: dropped for
+        balance (a plain ``train`` call, or other columns), or unconsumed (a worker whose main
+        returned). The nodes drop them as well (``FeedBuffer.take_carry``)."""
+        from formats.schema import same_columns
+
+        prev, self._carry = self._carry, None
+        if prev is None or not any(prev.rows.values()):
+            return None, {}
+        live = {n.node_id for n in workers}
+        fits = carry and same_columns(prev.schema, sp.schema)
+        report.carried_in = sum(prev.rows.values())
+        kept: dict[int, int] = {}
+        for nid, rows in prev.rows.items():
+            if nid not in live:
+                report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + rows
+            elif fits:
+                kept[nid] = rows
+            else:
+                report.dropped_for_balance += rows
+        lost = report.carried_in - sum(kept.values())
+        if lost:
+            why = ("its main has returned" if fits else "this DataFrame's columns differ"
+                   if carry else "this train() call is not the stream's next micro-batch")
+            msg = (f"{lost} row(s) the workers held back from the last micro-batch (epoch "
+                   f"{prev.epoch}) were not read: {why}.")
+            report.messages.append(msg)
+            logger.warning(msg)
+        return (prev.epoch if kept else None), kept
 
     def _abort(self, books: list[_EpochBooks]) -> None:
         """A push failed (or the call was interrupted): take back every epoch of the call
@@ -535,8 +609,8 @@ class Feeder:
     def _push_epoch(self, ep: _EpochBooks, report: FeedReport, clock: FeedClock) -> None:
         sp = ep.source
         what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
-        rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch,
-                              what=what, clock=clock, why_late=lambda: self._unread(ep))
+        rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch, what=what, clock=clock,
+                              why_late=lambda: self._unread(ep), rotate=not ep.carry)
         report.spark_jobs += 1
         report.spark_tasks += len({r["partition"] for r in rows})
         sent: dict[int, int] = {}
@@ -602,6 +676,7 @@ class Feeder:
         ``TFCluster.train``, which feeds every element), each its own. A worker that refused
         the epoch is never told more than it holds (``held``)."""
         nodes = ep.workers if nodes is None else nodes
+        held = {nid: held.get(nid, 0) + ep.carried_in.get(nid, 0) for nid in {*held, *ep.carried_in}}
         limit = min((held.get(nid, 0) for nid in reading), default=0)
         ep.limit, ep.reading = limit, reading
         for n in nodes:
@@ -662,6 +737,7 @@ class Feeder:
                     )
                 continue
             pending.pop(0)
+            carried: dict[int, int] = {}  # node -> rows its complete pass held back
             left_early: dict[int, int] = {}
             returned: dict[int, int] = {}
             ended: dict[int, int] = {}  # main runs, but reads no more (ctx.end_feed, ctx.serve)
@@ -672,7 +748,7 @@ class Feeder:
                 msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split)}"
                 report.messages.append(msg)
                 logger.warning(msg)
-            if ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1:
+            if ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1 and not ep.carry:
                 msg = _too_few_message(ep, pushed)
                 report.messages.append(msg)
                 logger.warning(msg)
@@ -687,19 +763,30 @@ class Feeder:
                 # a pushed epoch's rows as the node counts them; a replay's: its cache
                 received = ep.received.get(nid, st.rows)
                 report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + received
+                carried_in = ep.carried_in.get(nid, 0)
                 if nid in ep.reading and st.complete:
-                    dropped = received - ep.limits.get(nid, ep.limit or 0)
+                    if st.carried_in != carried_in:
+                        raise FeedError(
+                            f"epoch {ep.epoch}: node {nid} began with {st.carried_in} rows held "
+                            f"back from the last micro-batch, but the driver counted "
+                            f"{carried_in}; this is a bug."
+                        )
+                    carried[nid] = st.carried_out
+                    dropped = received + carried_in - ep.limits.get(nid, ep.limit or 0) - st.carried_out
                     report.dropped_for_balance += dropped
-                    left = assigned - st.emitted - dropped
+                    report.carried_out += st.carried_out
+                    left = assigned + carried_in - st.emitted - dropped - st.carried_out
                     if left:  # only ctx.dataset(drop_remainder=True) leaves rows of a whole pass
                         remainders[nid] = left
                 else:
-                    left = assigned - st.emitted
+                    left = assigned + carried_in - st.emitted
                     if left:
                         (returned if st.main != "running" else ended if st.ended_feed
                          else left_early)[nid] = left
                 if left:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
+            if ep.carry:
+                self._carry = _Carry(ep.epoch, ep.source.schema, carried)
             if returned:
                 msg = (
                     f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "

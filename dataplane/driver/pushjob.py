@@ -165,11 +165,12 @@ class PushJobs:
         self._pushed = PerDataFrame()
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
-            what: str, clock: FeedClock,
-            why_late: Callable[[], str] | None = None) -> list[Any]:
+            what: str, clock: FeedClock, why_late: Callable[[], str] | None = None,
+            rotate: bool = True) -> list[Any]:
         """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS).
-        ``why_late``: asked, if nothing moves for ``clock.timeout``, what the nodes say about it."""
-        pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch)
+        ``why_late``: asked, if nothing moves for ``clock.timeout``, what the nodes say about it.
+        ``rotate``: see :class:`feeders.push.PartitionPusher`."""
+        pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, rotate)
         job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
         return self._wait(job, clock, what, why_late)
 
@@ -208,7 +209,8 @@ class PushJobs:
         except Exception:  # noqa: BLE001 - a guess is fine: it only sizes chunks
             return 8
 
-    def _push_frame_for(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int) -> tuple[Any, dict[str, str]]:
+    def _push_frame_for(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int,
+                        rotate: bool = True) -> tuple[Any, dict[str, str]]:
         """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
 
         On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
@@ -231,12 +233,13 @@ class PushJobs:
                 schema_ipc=schema_ipc,
                 max_chunk_bytes=chunk,
                 tls_root_certs=self._tls_root,
+                rotate=rotate,
             )
             return map_in_arrow(df, pusher, PUSH_RESULT_SCHEMA)
 
         if is_connect(self.spark):
             return frame(epoch), {}
-        key = (id(df), tuple(locations), schema_ipc, chunk)
+        key = (id(df), tuple(locations), schema_ipc, chunk, rotate)
         cached = self._push_frame
         if cached is None or cached[0] != key or cached[1]() is not df:
             import weakref

@@ -214,7 +214,8 @@ class NodeServer(flight.FlightServerBase):
                     reply = self.buffer.begin_epoch(
                         EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
                                   shapes=dict(begin.shapes), split=begin.split, shuffle=begin.shuffle,
-                                  seed=begin.seed, record=begin.record, replay=begin.replay)
+                                  seed=begin.seed, record=begin.record, replay=begin.replay,
+                                  carry=begin.carry, carry_from=begin.carry_from)
                     )
                 except FeedError as e:
                     raise flight.FlightServerError(f"node {self.node_id}: {e}") from None

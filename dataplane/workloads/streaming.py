@@ -15,11 +15,16 @@ read too many (see ``examples/streaming_digits.py``). A query still running when
 shuts down fails at its next micro-batch with :class:`~dataplane.errors.ClusterStateError`
 saying so: stop it first.
 
-With several workers each micro-batch is an epoch of its own, evened out as ``cluster.train``
-evens every epoch: up to one row per partition of the micro-batch is left out so that every
-worker gets as many rows (``StreamFeed.dropped_for_balance`` counts them). Small micro-batches
-spread over many partitions lose the most (9 of 65 rows at 5 rows/s over 2 partitions and 2
-workers); a single-partition stream (``stream_df.coalesce(1)``) loses at most one row a batch.
+With several workers each micro-batch is an epoch of its own, and every worker yields as many
+rows of it (MultiWorkerMirroredStrategy needs equal batch counts). The rows a worker received
+past that count are not dropped: it holds them back and yields them first in the next
+micro-batch, and the next push gives every partition's extra rows to the workers holding back
+the fewest. So every row is read once: in its own micro-batch's pass or, held back, in the next
+(or a later one, while micro-batches have fewer rows than workers). What the workers hold back
+after the last micro-batch (``StreamFeed.held_back``, at most about one row per partition of a
+micro-batch and worker) is not read. A micro-batch with fewer rows than workers may give every
+worker an empty pass (all of it held back): a loop over ``ctx.dataset()`` should take that in
+its stride.
 
 Classic Spark only: the batch function calls the cluster object living in the driver process.
 """
@@ -42,8 +47,10 @@ class StreamFeed:
     Attributes:
         batches: micro-batches pushed so far.
         rows: rows pushed so far (all epochs of all batches).
-        dropped_for_balance: rows of those left out so that every worker got as many rows of
-            each micro-batch (at most one per partition and batch; ``FeedReport``'s field).
+        dropped_for_balance: rows of those the workers never read because of balance: rows
+            held back when a micro-batch's columns differ from the last one's (``FeedReport``'s
+            field; 0 while the columns stay the same).
+        held_back: rows the workers hold back from the last micro-batch for the next one.
         last_batch_id: the last batch id pushed (-1 before the first).
     """
 
@@ -62,6 +69,7 @@ class StreamFeed:
         self.batches = 0
         self.rows = 0
         self.dropped_for_balance = 0
+        self.held_back = 0
         self.last_batch_id = -1
         self._lock = threading.Lock()
         self._checks = ThreadPoolExecutor(1, thread_name_prefix="dataplane-stream-isempty")
@@ -72,27 +80,37 @@ class StreamFeed:
         there, so the batch in flight was dropped instead of pushed."""
         return bool(self._checks.submit(batch_df.isEmpty).result())
 
+    def _too_late(self, batch_id: int) -> Exception:
+        from dataplane.errors import ClusterStateError
+
+        return ClusterStateError(
+            f"feed_stream: micro-batch {batch_id} arrived after the cluster began to shut down "
+            f"(it is {self.cluster.state}); stop the streaming query (query.stop()) before "
+            f"cluster.shutdown() or the end of the `with dataplane.run(...)` block."
+        )
+
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         with self._lock:  # one batch at a time, even if Spark ever overlapped calls
             if batch_id <= self.last_batch_id:
                 logger.info("stream feed: micro-batch %d was already pushed; skipping", batch_id)
                 return
-            state = self.cluster.state
-            if state != "running":
-                from dataplane.errors import ClusterStateError
-
-                raise ClusterStateError(
-                    f"feed_stream: micro-batch {batch_id} arrived after the cluster began to "
-                    f"shut down (it is {state}); stop the streaming query (query.stop()) before "
-                    f"cluster.shutdown() or the end of the `with dataplane.run(...)` block."
-                )
+            if self.cluster.state != "running":
+                raise self._too_late(batch_id)
             if self.skip_empty and self._is_empty(batch_df):
                 self.last_batch_id = batch_id
                 return
-            report = self.cluster.train(batch_df, num_epochs=1, feed_timeout=self.feed_timeout)
+            from dataplane.errors import ClusterStateError
+
+            try:
+                report = self.cluster._train_micro_batch(batch_df, self.feed_timeout)
+            except ClusterStateError as e:  # shutdown began while the batch was checked
+                if self.cluster.state == "running":
+                    raise
+                raise self._too_late(batch_id) from e
             self.batches += 1
             self.rows += report.rows
             self.dropped_for_balance += report.dropped_for_balance
+            self.held_back = report.carried_out
             self.last_batch_id = batch_id
             logger.info("stream feed: micro-batch %d pushed %d rows", batch_id, report.rows)
             if self.on_batch is not None:
@@ -139,7 +157,7 @@ def feed_stream(
             "feed_stream: stream_df is not a streaming DataFrame; build it with "
             "spark.readStream (for a static DataFrame call cluster.train(df) directly)."
         )
-    if not hasattr(cluster, "train"):
+    if not hasattr(cluster, "_train_micro_batch"):
         raise TypeError(f"feed_stream: cluster must be a dataplane.Cluster, got {type(cluster)}.")
     if type(stream_df).__module__.startswith("pyspark.sql.connect"):
         raise TypeError(

@@ -45,46 +45,104 @@ def test_file_stream_every_row_once_in_batch_order(spark, tmp_path):
     assert [sorted(e) for e in seen] == files  # micro-batch k == file k, in order, complete
 
 
-def test_two_workers_each_micro_batch_once_in_order_and_evened(spark, tmp_path):
-    # micro-batches of 9, 1, 50 and 51 rows over 2 partitions and 2 workers: every row
-    # reaches one worker at most, in its micro-batch's pass; each pass gives both workers the
-    # same rows (the smaller share), the rest is counted as dropped for balance; the 1-row
-    # micro-batch leaves one worker none, so neither yields it
+@pytest.mark.parametrize("workers,partitions,sizes", [
+    (2, 2, [9, 1, 50, 51]),
+    (3, 4, [5, 3, 2, 40, 1, 13]),  # small batches over more partitions than rows
+])
+def test_several_workers_read_each_row_once_in_order_and_evened(spark, tmp_path, workers,
+                                                                 partitions, sizes):
+    # each pass gives every worker the same rows; a worker's rows past that count are held
+    # back and read first in a later micro-batch's pass (the next one unless that one is too
+    # small to even out), so every row is read once, never before its own micro-batch, except
+    # those still held back after the last one
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
     out.mkdir()
-    sizes, start = [9, 1, 50, 51], 0
+    start, batches = 0, []
+    for k, n in enumerate(sizes):
+        path = src / f"part-{k}.parquet"
+        pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
+        os.utime(path, (1_000_000 + k, 1_000_000 + k))
+        batches.append(set(range(start, start + n)))
+        start += n
+    stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
+              .parquet(str(src)).repartition(partitions))
+    reports = []
+    with dataplane.run(spark, stream_main, {"dir": str(out), "batch_size": 8, "per_node": True},
+                       num_nodes=workers) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"),
+                            on_batch=lambda bid, r: reports.append(r))
+        query.processAllAvailable()
+        query.stop()
+        assert query.feed.batches == len(sizes) and query.feed.rows == sum(sizes)
+    nodes = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert len(nodes) == workers, nodes
+    for d in nodes:
+        assert wait_json(out / d / "done.json") == {"epochs": len(sizes)}
+    seen = {d: _epochs(out / d) for d in nodes}
+    carried = 0
+    for k, report in enumerate(reports):
+        assert sum(report.rows_per_node.values()) == sizes[k] and report.rows == sizes[k], (k, report)
+        assert report.carried_in == carried and report.dropped_for_balance == 0, (k, report)
+        # (held back: at most about a row per partition and worker)
+        assert report.rows_unconsumed == {} and report.carried_out <= partitions * (workers - 1), (k, report)
+        got = [i for d in nodes for i in seen[d][k]]
+        assert len({len(seen[d][k]) for d in nodes}) == 1, (k, report)  # evened
+        assert report.rows_consumed == len(got), (k, report)
+        assert set(got) <= set().union(*batches[:k + 1]), k
+        carried = report.carried_out
+    read = [i for d in nodes for e in seen[d] for i in e]
+    assert len(read) == len(set(read)), "a row was read twice"
+    assert len(read) + query.feed.held_back == sum(sizes) and query.feed.held_back == carried
+    assert query.feed.dropped_for_balance == 0
+    assert any(r.carried_out for r in reports)  # (some total is not a multiple of workers)
+
+
+def test_a_worker_that_leaves_a_micro_batch_early_loses_only_that_pass(spark, tmp_path):
+    # two workers; the chief reads one batch of the second micro-batch and leaves it: the rest
+    # of its share, and the rows it held back from the first, count as unconsumed; the
+    # micro-batches after it go on evened, and every row is read at most once
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    sizes, start = [31, 45, 17], 0
     for k, n in enumerate(sizes):
         path = src / f"part-{k}.parquet"
         pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
         os.utime(path, (1_000_000 + k, 1_000_000 + k))
         start += n
     stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
-              .parquet(str(src)).repartition(2))
+              .parquet(str(src)).coalesce(1))
     reports = []
-    with dataplane.run(spark, stream_main, {"dir": str(out), "batch_size": 8, "per_node": True},
-                       num_nodes=2) as cluster:
+    args = {"dir": str(out), "batch_size": 4, "per_node": True, "break_pass": 1}
+    with dataplane.run(spark, stream_main, args, num_nodes=2) as cluster:
         query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"),
                             on_batch=lambda bid, r: reports.append(r))
         query.processAllAvailable()
         query.stop()
-        assert query.feed.batches == 4 and query.feed.rows == sum(sizes)
     nodes = sorted(p.name for p in out.iterdir() if p.is_dir())
-    assert len(nodes) == 2, nodes
+    chief = next(d for d in nodes if d.startswith("chief"))
     for d in nodes:
-        assert wait_json(out / d / "done.json") == {"epochs": 4}
+        assert wait_json(out / d / "done.json") == {"epochs": 3}
     seen = {d: _epochs(out / d) for d in nodes}
-    start = 0
-    for k, (n, report) in enumerate(zip(sizes, reports)):
-        held = sorted(report.rows_per_node.values())
-        assert len(held) == 2 and sum(held) == n and held[1] - held[0] <= 2, (k, report)
-        assert [len(seen[d][k]) for d in nodes] == [held[0]] * 2, (k, report)
-        assert report.dropped_for_balance == held[1] - held[0] and report.rows_unconsumed == {}
-        got = sorted(i for d in nodes for i in seen[d][k])
-        assert len(set(got)) == len(got) and set(got) <= set(range(start, start + n))
-        start += n
-    assert reports[1].dropped_for_balance == 1 and [len(seen[d][1]) for d in nodes] == [0, 0]
-    assert query.feed.dropped_for_balance == sum(r.dropped_for_balance for r in reports)
+    assert [r.rows for r in reports] == sizes
+    first, left, last = reports
+    assert first.carried_out == 1 and first.rows_unconsumed == {}  # 31 rows over 2 workers
+    worker = next(d for d in nodes if d != chief)
+    assert len(seen[chief][1]) == 4 and len(left.rows_unconsumed) == 1, left
+    assert left.carried_in == 1 and left.dropped_for_balance == 0
+    # the worker read its whole pass, and holds back nothing: the chief left it
+    assert len(seen[worker][1]) > 4 and left.carried_out == 0, left
+    assert last.rows_unconsumed == {} and last.carried_in == 0
+    assert len(seen[chief][2]) == len(seen[worker][2]) > 0
+    read = [i for d in nodes for e in seen[d] for i in e]
+    assert len(read) == len(set(read)) and set(read) <= set(range(sum(sizes)))
+    # every row is accounted for: read (or read ahead by the chief's left pass), unconsumed,
+    # or still held back
+    consumed = sum(r.rows_consumed for r in reports)
+    assert consumed + sum(sum(r.rows_unconsumed.values()) for r in reports) + last.carried_out == sum(sizes)
+    # (the chief's read-ahead: FeedReport.rows_unconsumed says up to about 2k + 2 batches)
+    assert len(read) <= consumed and consumed - len(read) <= (2 * 1 + 2) * 4
 
 
 def test_rate_stream_stopped_midway_ends_cleanly(spark, tmp_path):

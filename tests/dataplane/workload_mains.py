@@ -27,7 +27,8 @@ def digits_train_fn(args, ctx):  # type: ignore[no-untyped-def]
 
 def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order
-    (``per_node``: in a folder per node, ``chief0``, ``worker1``...)."""
+    (``per_node``: in a folder per node, ``chief0``, ``worker1``...); ``break_pass``: the
+    chief reads one batch of that pass and leaves it."""
     ds = ctx.dataset(batch_size=args.get("batch_size", 64))
     out = args["dir"]
     if args.get("per_node"):
@@ -35,7 +36,13 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
         os.makedirs(out, exist_ok=True)
     epoch = 0
     while True:
-        ids = [int(i) for b in ds for i in b["value"].numpy()]
+        if epoch == args.get("break_pass", -1) and ctx.role == "chief":  # leaves it early
+            ids = []
+            for b in ds:
+                ids = [int(i) for i in b["value"].numpy()]
+                break
+        else:
+            ids = [int(i) for b in ds for i in b["value"].numpy()]
         if ctx.should_stop and not ids:  # read every pass, as the streaming docs say
             break
         with open(os.path.join(out, f"epoch{epoch:05d}.json"), "w") as f:

@@ -142,6 +142,49 @@ def test_a_worker_never_yields_past_the_final_limit():
     assert not set(got[0]) & set(got[1])
 
 
+def test_carry_epochs_hold_back_the_rows_past_the_limit_for_the_next():
+    # a stream's micro-batches on two workers: rows past the limit are read first in the next
+    # micro-batch (counted in its limit), so every row is read once; a carry epoch whose
+    # carry_from is not the last one (the driver counted those rows as dropped) starts empty;
+    # a micro-batch with other nullability flags takes them in its own schema
+    bufs = [FeedBuffer(1 << 20) for _ in range(2)]
+    held = [0, 0]
+    start, read, pushed = 0, [[], []], [set(), set()]
+    nullable = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    for e, (n, schema) in enumerate([(1, SCHEMA), (2, SCHEMA), (51, nullable), (7, SCHEMA)]):
+        shares = split_counts(n, 2, 0)
+        if held[0] > held[1]:  # (the driver lists the workers holding back fewest first)
+            shares.reverse()
+        before = [p - {i for r in read[k] for i in r} for k, p in enumerate(pushed)]  # held back
+        for k, b in enumerate(bufs):
+            b.begin_epoch(EpochInfo(e, schema, carry=True, carry_from=e - 1 if e else None))
+            pushed[k] |= set(range(start, start + shares[k]))
+            b.put_stream(e, 0, (pa.RecordBatch.from_arrays(x.columns, schema=schema)
+                                for x in _batches(start, start + shares[k], 4)))
+            start += shares[k]
+        limit = min(b.epoch_rows(e) + h for b, h in zip(bufs, held))
+        for b in bufs:
+            b.end_epoch(e, limit)
+        for k, b in enumerate(bufs):
+            got = _drain(b, e, batch_size=3, workers=2)
+            state = b.epoch_state(e)
+            assert len(got) == limit and state["carried_in"] == held[k], (e, k, got, state)
+            assert state["carried_out"] == held[k] + shares[k] - limit, (e, k, state)
+            assert len(before[k]) == held[k] and set(got[:held[k]]) == before[k]  # first
+            read[k].append(got)
+        held = [b.epoch_state(e)["carried_out"] for b in bufs]
+        assert max(held) <= 1, (e, held)
+    ids = [i for r in read for ep in r for i in ep]
+    assert len(ids) == len(set(ids)) and len(ids) + sum(held) == start == 61 and sum(held) == 1
+    # an epoch that does not name the last one as its carry_from starts without those rows
+    b = bufs[max(range(2), key=lambda k: held[k])]
+    b.begin_epoch(EpochInfo(9, SCHEMA, carry=True, carry_from=2))
+    b.put_stream(9, 0, _batches(100, 104, 4))
+    b.end_epoch(9, 4)
+    assert _drain(b, 9, workers=2) == [100, 101, 102, 103]
+    assert b.epoch_state(9)["carried_in"] == 0
+
+
 def test_multi_batch_items_are_whole_batches_until_the_tail():
     buf = FeedBuffer(1 << 20)
     buf.begin_epoch(EpochInfo(0, SCHEMA))
