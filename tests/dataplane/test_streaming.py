@@ -13,7 +13,7 @@ import pytest
 import dataplane
 from dataplane.workloads.streaming import feed_stream
 from tests.dataplane.clusterutil import wait_json
-from tests.dataplane.workload_mains import stream_main
+from tests.dataplane.workload_mains import stream_main, stream_repeat_main
 
 pytestmark = pytest.mark.cluster
 
@@ -96,6 +96,35 @@ def test_several_workers_read_each_row_once_in_order_and_evened(spark, tmp_path,
     assert len(read) + query.feed.held_back == sum(sizes) and query.feed.held_back == carried
     assert query.feed.dropped_for_balance == 0
     assert any(r.carried_out for r in reports)  # (some total is not a multiple of workers)
+
+
+def test_one_repeat_stream_over_micro_batches_on_three_workers(spark, tmp_path):
+    # ctx.dataset(repeat=True) reads the micro-batches back to back; every worker reads as
+    # many rows, each row once, in micro-batch order per worker, all but those held back
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    sizes, start = [13, 1, 2, 57, 5, 100, 3], 0
+    for k, n in enumerate(sizes):
+        path = src / f"part-{k}.parquet"
+        pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
+        os.utime(path, (1_000_000 + k, 1_000_000 + k))
+        start += n
+    stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
+              .parquet(str(src)).repartition(3))
+    with dataplane.run(spark, stream_repeat_main, {"dir": str(out)}, num_nodes=3) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"))
+        query.processAllAvailable()
+        query.stop()
+    read = {p.name: wait_json(p) for p in sorted(out.glob("*.json"))}
+    assert len(read) == 3 and len({len(v) for v in read.values()}) == 1, {k: len(v) for k, v in read.items()}
+    ids = [i for v in read.values() for i in v]
+    assert len(ids) == len(set(ids)) and len(ids) + query.feed.held_back == start == 181
+    assert query.feed.dropped_for_balance == 0 and query.feed.held_back <= 3 * 2
+    for v in read.values():  # one worker's rows in micro-batch order (not within one)
+        bounds = [sum(sizes[:k + 1]) for k in range(len(sizes))]
+        batch_of = [next(k for k, b in enumerate(bounds) if i < b) for i in v]
+        assert batch_of == sorted(batch_of), batch_of
 
 
 def test_a_worker_that_leaves_a_micro_batch_early_loses_only_that_pass(spark, tmp_path):

@@ -53,6 +53,14 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     _ = np  # keep numpy imported for the dataset conversion
 
 
+def stream_repeat_main(args, ctx):  # type: ignore[no-untyped-def]
+    """Read a stream's micro-batches as one ``repeat=True`` dataset until shutdown ends it;
+    write every id read, in order, to ``<dir>/<role><index>.json``."""
+    ids = [int(i) for b in ctx.dataset(batch_size=8, repeat=True) for i in b["value"].numpy()]
+    with open(os.path.join(args["dir"], f"{ctx.role}{ctx.index}.json"), "w") as f:
+        json.dump(ids, f)
+
+
 def const_train_fn(args, ctx):  # type: ignore[no-untyped-def]
     """TFEstimator train_fn that reads every pushed epoch and returns a model whose output is
     the constant ``epochs * 10 + batch_size`` (so a model tells which fit made it); raises
