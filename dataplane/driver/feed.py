@@ -65,7 +65,9 @@ class FeedReport:
         rows_per_split: rows pushed or replayed per split (``"train"``, ``"validation"``).
         carried_in: rows an earlier micro-batch of a stream held back on the workers (instead
             of dropping them for balance) that this one began with
-            (:func:`dataplane.workloads.streaming.feed_stream`); 0 for ``cluster.train``.
+            (:func:`dataplane.workloads.streaming.feed_stream`). A ``cluster.train`` call
+            after a stream, or a micro-batch whose columns or array lengths differ, counts
+            them here and in ``dropped_for_balance`` (its messages say so).
         carried_out: rows of this micro-batch past the balanced count, held back on the
             workers for the next one. consumed + ``rows_unconsumed`` + ``dropped_for_balance``
             + ``carried_out`` = ``rows`` + ``carried_in``.
@@ -151,7 +153,10 @@ def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
     return notes
 
 
-def _empty_message(split: str) -> str:
+def _empty_message(split: str, stream: bool = False) -> str:
+    if stream:
+        return ("the micro-batch has no rows (feed_stream(skip_empty=False) pushes empty ones), "
+                "so every worker's pass over it is empty.")
     what = "train(df)" if split == "train" else "train(validation=...)"
     return (
         f"the DataFrame given to {what} has no rows, so every worker's pass over it is empty; "
@@ -170,7 +175,8 @@ def _too_few_message(ep: "_EpochBooks", pushed: int) -> str:
 def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> list[str]:
     """Why a train() call's passes were empty, if they were: a DataFrame without rows, or
     fewer rows than workers."""
-    notes = [_empty_message(sp.name) for sp in splits if sp.rows == 0]
+    stream = any(ep.carry for ep in books)
+    notes = [_empty_message(sp.name, stream) for sp in splits if sp.rows == 0]
     for ep in books:
         pushed = sum(ep.assigned.values())
         known = any(sp.name == ep.split and sp.rows == 0 for sp in splits)
@@ -178,7 +184,7 @@ def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> li
         # with none reading, every worker left the epoch early)
         if ep.limit == 0 and ep.assigned and not known and (pushed == 0 or (
                 ep.balance and not ep.carry and len(ep.reading) > 1)):
-            notes.append(_empty_message(ep.split) if pushed == 0 else _too_few_message(ep, pushed))
+            notes.append(_empty_message(ep.split, stream) if pushed == 0 else _too_few_message(ep, pushed))
             break
     return list(dict.fromkeys(notes))
 
@@ -240,6 +246,7 @@ class _Carry:
 
     epoch: int
     schema: pa.Schema
+    shapes: dict[str, tuple[int, ...]]  # fixed array lengths: a pass converts them as dense
     rows: dict[int, int]  # node -> rows
 
 
@@ -325,7 +332,7 @@ class Feeder:
             self._pool = None
 
     # -- train --------------------------------------------------------------------------------
-    def _split(self, name: str, df: Any) -> _Split:
+    def _split(self, name: str, df: Any, stream: bool = False) -> _Split:
         from pyspark.sql.types import StructType
 
         what = "train()" if name == "train" else "train(validation=...)"
@@ -350,7 +357,7 @@ class Feeder:
         _check_column_types(schema, what)
         scan = self._jobs.shapes(df, schema)
         if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
-            logger.warning(_empty_message(name))
+            logger.warning(_empty_message(name, stream))
         return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows,
                       dict(scan.ragged or {}))
 
@@ -383,7 +390,7 @@ class Feeder:
             raise TypeError(f"train(seed=...) must be an int or None, got {seed!r}")
         if not (isinstance(feed_timeout, (int, float)) and feed_timeout > 0):
             raise ValueError(f"feed_timeout must be > 0 seconds, got {feed_timeout!r}")
-        splits = [self._split("train", df)]
+        splits = [self._split("train", df, stream=carry)]
         if validation is not None:
             splits.append(self._split("validation", validation))
         t0 = time.monotonic()
@@ -477,7 +484,8 @@ class Feeder:
         if prev is None or not any(prev.rows.values()):
             return None, {}
         live = {n.node_id for n in workers}
-        fits = carry and same_columns(prev.schema, sp.schema)
+        # (a held-back row of another array length would fail the next pass's dense column)
+        fits = carry and same_columns(prev.schema, sp.schema) and prev.shapes == sp.shapes
         report.carried_in = sum(prev.rows.values())
         kept: dict[int, int] = {}
         for nid, rows in prev.rows.items():
@@ -489,7 +497,8 @@ class Feeder:
                 report.dropped_for_balance += rows
         lost = report.carried_in - sum(kept.values())
         if lost:
-            why = ("its main has returned" if fits else "this DataFrame's columns differ"
+            why = ("its main has returned" if fits else
+                   "this micro-batch's columns or array lengths differ from the last one's"
                    if carry else "this train() call is not the stream's next micro-batch")
             msg = (f"{lost} row(s) the workers held back from the last micro-batch (epoch "
                    f"{prev.epoch}) were not read: {why}.")
@@ -745,7 +754,7 @@ class Feeder:
             pushed = sum(ep.assigned.values())
             if pushed == 0 and ep.split not in empty:
                 empty.add(ep.split)
-                msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split)}"
+                msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split, ep.carry)}"
                 report.messages.append(msg)
                 logger.warning(msg)
             if ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1 and not ep.carry:
@@ -786,7 +795,7 @@ class Feeder:
                 if left:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
             if ep.carry:
-                self._carry = _Carry(ep.epoch, ep.source.schema, carried)
+                self._carry = _Carry(ep.epoch, ep.source.schema, ep.source.shapes, carried)
             if returned:
                 msg = (
                     f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "
