@@ -2,8 +2,10 @@
 
 Every micro-batch is pushed with ``cluster.train(batch_df)`` as one epoch, so on the node each
 iteration of ``ctx.dataset()`` is one micro-batch, in the order Spark produced them (foreachBatch
-runs one batch at a time). A micro-batch Spark replays after a failure within the same query run
-(same ``batch_id``) is skipped, so each row reaches the nodes once.
+runs one batch at a time). A micro-batch Spark replays (same ``batch_id``) is skipped, so each
+row reaches the nodes once: after a failure within the same query run, and when a query stopped
+while a micro-batch was being pushed (Spark had not yet committed it) is started again on the
+same ``checkpoint_location`` against the same cluster.
 
 Stopping: ``query.stop()`` lets the micro-batch in flight finish its push (the push is a Spark job
 the stop does not cancel), then ends the query; no later batch starts. Then call
@@ -19,12 +21,13 @@ With several workers each micro-batch is an epoch of its own, and every worker y
 rows of it (MultiWorkerMirroredStrategy needs equal batch counts). The rows a worker received
 past that count are not dropped: it holds them back and yields them first in the next
 micro-batch, and the next push gives every partition's extra rows to the workers holding back
-the fewest. So every row is read once: in its own micro-batch's pass or, held back, in the next
-(or a later one, while micro-batches have fewer rows than workers). What the workers hold back
-after the last micro-batch (``StreamFeed.held_back``, at most about one row per partition of a
-micro-batch and worker) is not read. A micro-batch with fewer rows than workers may give every
-worker an empty pass (all of it held back): a loop over ``ctx.dataset()`` should take that in
-its stride.
+the fewest. So every row is read once, in its own micro-batch's pass or, held back, in a later
+one. A small micro-batch (fewer rows than workers, or a few rows over several partitions) may
+give every worker an empty pass, all of it held back: a loop over ``ctx.dataset()`` should take
+that in its stride. What the workers hold back after the last micro-batch
+(``StreamFeed.held_back``, at most about one row per partition of a micro-batch and worker) is
+not read; so are rows held back when the next micro-batch's columns or array lengths differ
+(``dropped_for_balance``).
 
 Classic Spark only: the batch function calls the cluster object living in the driver process.
 """
@@ -33,10 +36,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 __all__ = ["feed_stream", "StreamFeed"]
+
+# cluster -> query id -> the last batch id pushed by a run of that query, so that a run started
+# again on the same checkpoint (the same query id) skips the micro-batch Spark replays
+_PUSHED: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +59,8 @@ class StreamFeed:
             held back when a micro-batch's columns differ from the last one's (``FeedReport``'s
             field; 0 while the columns stay the same).
         held_back: rows the workers hold back from the last micro-batch for the next one.
-        last_batch_id: the last batch id pushed (-1 before the first).
+        last_batch_id: the last batch id pushed (-1 before the first), by this run of the
+            query or an earlier run of it (the same checkpoint) into the same cluster.
     """
 
     def __init__(
@@ -71,6 +80,10 @@ class StreamFeed:
         self.dropped_for_balance = 0
         self.held_back = 0
         self.last_batch_id = -1
+        self._pushed: dict[str, int] | None = None  # this cluster's books on the query's runs
+        self._query_id: str | None = None
+        self._bound = threading.Event()  # cleared by feed_stream until the query's id is known
+        self._bound.set()
         self._lock = threading.Lock()
         self._checks = ThreadPoolExecutor(1, thread_name_prefix="dataplane-stream-isempty")
 
@@ -89,7 +102,27 @@ class StreamFeed:
             f"cluster.shutdown() or the end of the `with dataplane.run(...)` block."
         )
 
+    def bind(self, query_id: str | None) -> None:
+        """The started query's id (the same on every run from one checkpoint): the batches an
+        earlier run of it pushed into this cluster are not pushed again. ``None``: no memory
+        across runs. ``feed_stream`` calls it, and the batches wait for it."""
+        if query_id is not None:
+            try:
+                self._pushed = _PUSHED.setdefault(self.cluster, {})
+            except TypeError:  # a cluster object that cannot be weakly referenced
+                self._pushed = None
+            if self._pushed is not None:
+                self._query_id = query_id
+                self.last_batch_id = max(self.last_batch_id, self._pushed.get(query_id, -1))
+        self._bound.set()
+
+    def _done(self, batch_id: int) -> None:
+        self.last_batch_id = batch_id
+        if self._pushed is not None and self._query_id is not None:
+            self._pushed[self._query_id] = batch_id
+
     def __call__(self, batch_df: Any, batch_id: int) -> None:
+        self._bound.wait()
         with self._lock:  # one batch at a time, even if Spark ever overlapped calls
             if batch_id <= self.last_batch_id:
                 logger.info("stream feed: micro-batch %d was already pushed; skipping", batch_id)
@@ -97,7 +130,7 @@ class StreamFeed:
             if self.cluster.state != "running":
                 raise self._too_late(batch_id)
             if self.skip_empty and self._is_empty(batch_df):
-                self.last_batch_id = batch_id
+                self._done(batch_id)
                 return
             from dataplane.errors import ClusterStateError
 
@@ -111,7 +144,7 @@ class StreamFeed:
             self.rows += report.rows
             self.dropped_for_balance += report.dropped_for_balance
             self.held_back = report.carried_out
-            self.last_batch_id = batch_id
+            self._done(batch_id)
             logger.info("stream feed: micro-batch %d pushed %d rows", batch_id, report.rows)
             if self.on_batch is not None:
                 self.on_batch(batch_id, report)
@@ -134,7 +167,8 @@ def feed_stream(
         cluster: a running :class:`dataplane.Cluster` whose workers read ``ctx.dataset()``.
         stream_df: a streaming DataFrame (``spark.readStream...``); every column is pushed.
         checkpoint_location: the query's checkpoint directory (default: Spark's temporary one;
-            give one to resume a stream across driver restarts).
+            give one to resume a stream across driver restarts, or to start a stopped query
+            again on the same cluster: the micro-batch Spark replays then is not pushed twice).
         trigger: keyword arguments for ``DataStreamWriter.trigger`` (e.g.
             ``{"processingTime": "2 seconds"}`` or ``{"availableNow": True}``); default: the next
             micro-batch starts as soon as the previous one has been pushed.
@@ -183,6 +217,12 @@ def feed_stream(
         writer = writer.trigger(**trigger)
     if query_name is not None:
         writer = writer.queryName(query_name)
-    query = writer.start()
+    feed._bound.clear()  # its batches wait for the query's id
+    try:
+        query = writer.start()
+    except BaseException:
+        feed.bind(None)
+        raise
+    feed.bind(query.id)
     query.feed = feed
     return query
