@@ -18,6 +18,22 @@ from tests.dataplane.workload_mains import stream_main, stream_repeat_main
 pytestmark = pytest.mark.cluster
 
 
+def _landed(src, sizes, extra=None) -> list[list[int]]:
+    """Parquet files ``part-0``, ``part-1``, ... under ``src`` of consecutive ids ``value``
+    (``extra(k, ids)``: more columns), modified in that order: read with maxFilesPerTrigger=1,
+    file k is micro-batch k. Returns each file's ids."""
+    src.mkdir()
+    start, files = 0, []
+    for k, n in enumerate(sizes):
+        ids = list(range(start, start + n))
+        path = src / f"part-{k}.parquet"
+        pq.write_table(pa.table({"value": pa.array(ids, pa.int64()), **(extra(k, ids) if extra else {})}), path)
+        os.utime(path, (1_000_000 + k, 1_000_000 + k))
+        files.append(ids)
+        start += n
+    return files
+
+
 def _epochs(directory) -> list[list[int]]:
     names = sorted(n for n in os.listdir(directory) if n.startswith("epoch"))
     return [json.loads((directory / n).read_text()) for n in names]
@@ -25,14 +41,8 @@ def _epochs(directory) -> list[list[int]]:
 
 def test_file_stream_every_row_once_in_batch_order(spark, tmp_path):
     src, out = tmp_path / "in", tmp_path / "out"
-    src.mkdir()
     out.mkdir()
-    files = []
-    for k in range(4):  # 4 files, 1 per micro-batch, modification times in order
-        path = src / f"part-{k}.parquet"
-        pq.write_table(pa.table({"value": pa.array(range(k * 50, k * 50 + 50), pa.int64())}), path)
-        os.utime(path, (1_000_000 + k, 1_000_000 + k))
-        files.append(list(range(k * 50, k * 50 + 50)))
+    files = _landed(src, [50] * 4)
     stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
               .parquet(str(src)))
     with dataplane.run(spark, stream_main, {"dir": str(out)}, num_nodes=1) as cluster:
@@ -56,15 +66,8 @@ def test_several_workers_read_each_row_once_in_order_and_evened(spark, tmp_path,
     # small to even out), so every row is read once, never before its own micro-batch, except
     # those still held back after the last one
     src, out = tmp_path / "in", tmp_path / "out"
-    src.mkdir()
     out.mkdir()
-    start, batches = 0, []
-    for k, n in enumerate(sizes):
-        path = src / f"part-{k}.parquet"
-        pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
-        os.utime(path, (1_000_000 + k, 1_000_000 + k))
-        batches.append(set(range(start, start + n)))
-        start += n
+    batches = [set(ids) for ids in _landed(src, sizes)]
     stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
               .parquet(str(src)).repartition(partitions))
     reports = []
@@ -102,14 +105,9 @@ def test_one_repeat_stream_over_micro_batches_on_three_workers(spark, tmp_path):
     # ctx.dataset(repeat=True) reads the micro-batches back to back; every worker reads as
     # many rows, each row once, in micro-batch order per worker, all but those held back
     src, out = tmp_path / "in", tmp_path / "out"
-    src.mkdir()
     out.mkdir()
-    sizes, start = [13, 1, 2, 57, 5, 100, 3], 0
-    for k, n in enumerate(sizes):
-        path = src / f"part-{k}.parquet"
-        pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
-        os.utime(path, (1_000_000 + k, 1_000_000 + k))
-        start += n
+    sizes = [13, 1, 2, 57, 5, 100, 3]
+    batch_of = {i: k for k, ids in enumerate(_landed(src, sizes)) for i in ids}
     stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
               .parquet(str(src)).repartition(3))
     with dataplane.run(spark, stream_repeat_main, {"dir": str(out)}, num_nodes=3) as cluster:
@@ -119,12 +117,11 @@ def test_one_repeat_stream_over_micro_batches_on_three_workers(spark, tmp_path):
     read = {p.name: wait_json(p) for p in sorted(out.glob("*.json"))}
     assert len(read) == 3 and len({len(v) for v in read.values()}) == 1, {k: len(v) for k, v in read.items()}
     ids = [i for v in read.values() for i in v]
-    assert len(ids) == len(set(ids)) and len(ids) + query.feed.held_back == start == 181
+    assert len(ids) == len(set(ids)) and len(ids) + query.feed.held_back == sum(sizes) == 181
     assert query.feed.dropped_for_balance == 0 and query.feed.held_back <= 3 * 2
     for v in read.values():  # one worker's rows in micro-batch order (not within one)
-        bounds = [sum(sizes[:k + 1]) for k in range(len(sizes))]
-        batch_of = [next(k for k, b in enumerate(bounds) if i < b) for i in v]
-        assert batch_of == sorted(batch_of), batch_of
+        order = [batch_of[i] for i in v]
+        assert order == sorted(order), order
 
 
 def test_a_worker_that_leaves_a_micro_batch_early_loses_only_that_pass(spark, tmp_path):
@@ -132,14 +129,9 @@ def test_a_worker_that_leaves_a_micro_batch_early_loses_only_that_pass(spark, tm
     # of its share, and the rows it held back from the first, count as unconsumed; the
     # micro-batches after it go on evened, and every row is read at most once
     src, out = tmp_path / "in", tmp_path / "out"
-    src.mkdir()
     out.mkdir()
-    sizes, start = [31, 45, 17], 0
-    for k, n in enumerate(sizes):
-        path = src / f"part-{k}.parquet"
-        pq.write_table(pa.table({"value": pa.array(range(start, start + n), pa.int64())}), path)
-        os.utime(path, (1_000_000 + k, 1_000_000 + k))
-        start += n
+    sizes = [31, 45, 17]
+    _landed(src, sizes)
     stream = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
               .parquet(str(src)).coalesce(1))
     reports = []
@@ -174,6 +166,74 @@ def test_a_worker_that_leaves_a_micro_batch_early_loses_only_that_pass(spark, tm
     assert len(read) <= consumed and consumed - len(read) <= (2 * 1 + 2) * 4
 
 
+def test_held_back_rows_of_other_array_lengths_are_dropped_not_fed(spark, tmp_path):
+    # a held-back row whose array is longer than the next micro-batch's would fail that pass's
+    # dense column: it is dropped for balance, and the report says why
+    src, out = tmp_path / "in", tmp_path / "out"
+    out.mkdir()
+    width = [4, 3, 3]  # arrays of 4 values in the first micro-batch, 3 after
+    _landed(src, [7, 6, 5], lambda k, ids: {
+        "vec": pa.array([[float(i)] * width[k] for i in ids], pa.list_(pa.float32()))})
+    stream = (spark.readStream.schema("value long, vec array<float>")
+              .option("maxFilesPerTrigger", 1).parquet(str(src)).coalesce(1))
+    reports = []
+    args = {"dir": str(out), "batch_size": 2, "per_node": True, "fresh": True}
+    with dataplane.run(spark, stream_main, args, num_nodes=2) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"),
+                            on_batch=lambda bid, r: reports.append(r))
+        query.processAllAvailable()
+        query.stop()
+        assert query.exception() is None and query.feed.batches == 3
+    nodes = sorted(p.name for p in out.iterdir() if p.is_dir())
+    seen = {d: _epochs(out / d) for d in nodes}
+    assert [len(seen[d]) for d in nodes] == [3, 3]
+    first, second, third = reports
+    assert first.carried_out == 1 and second.carried_in == 1 and second.dropped_for_balance == 1
+    assert any("array lengths differ" in m for m in second.messages), second.messages
+    assert third.carried_in == second.carried_out and third.dropped_for_balance == 0
+    read = [i for d in nodes for e in seen[d] for i in e]
+    assert len(read) == len(set(read)) and len(read) + 1 + query.feed.held_back == 18
+
+
+def test_a_query_started_again_on_its_checkpoint_pushes_no_micro_batch_twice(spark, tmp_path):
+    # stopped while micro-batch 1 is being pushed, Spark has not committed it and the next run
+    # on the same checkpoint replays it; this cluster already has it, so it is skipped
+    import threading
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    out.mkdir()
+    _landed(src, [20] * 4)
+
+    def stream():
+        return (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
+                .parquet(str(src)))
+
+    ckpt, runs, pushed = str(tmp_path / "ckpt"), {}, []
+
+    def stop_in_flight(bid, report):
+        pushed.append(bid)
+        if bid == 1:  # still inside the micro-batch: the stop lands before Spark commits it
+            threading.Thread(target=runs["first"].stop).start()
+            time.sleep(1)
+
+    with dataplane.run(spark, stream_main, {"dir": str(out), "batch_size": 8}, num_nodes=1) as cluster:
+        runs["first"] = feed_stream(cluster, stream(), checkpoint_location=ckpt, on_batch=stop_in_flight)
+        runs["first"].awaitTermination(60)
+        assert pushed == [0, 1] and not runs["first"].isActive
+        # the stop usually lands before Spark commits batch 1; make sure it did (a run whose
+        # last batch was never committed replays it)
+        for name in ("1", ".1.crc"):
+            if os.path.exists(os.path.join(ckpt, "commits", name)):
+                os.remove(os.path.join(ckpt, "commits", name))
+        again = feed_stream(cluster, stream(), checkpoint_location=ckpt,
+                            on_batch=lambda bid, r: pushed.append(bid))
+        again.processAllAvailable()
+        again.stop()
+        assert pushed == [0, 1, 2, 3] and again.feed.last_batch_id == 3
+    read = [i for e in _epochs(out) for i in e]
+    assert sorted(read) == list(range(80))
+
+
 def test_rate_stream_stopped_midway_ends_cleanly(spark, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -205,12 +265,8 @@ def test_a_stop_during_the_emptiness_check_still_pushes_that_batch(spark, tmp_pa
     from pyspark.sql import functions as F
 
     src, out = tmp_path / "in", tmp_path / "out"
-    src.mkdir()
     out.mkdir()
-    for k in range(3):
-        path = src / f"part-{k}.parquet"
-        pq.write_table(pa.table({"value": pa.array(range(k * 300, k * 300 + 300), pa.int64())}), path)
-        os.utime(path, (1_000_000 + k, 1_000_000 + k))
+    _landed(src, [300] * 3)
 
     @F.udf("long")
     def slow(v):  # every micro-batch's jobs take seconds, so the stop lands inside one

@@ -28,7 +28,7 @@ def digits_train_fn(args, ctx):  # type: ignore[no-untyped-def]
 def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order
     (``per_node``: in a folder per node, ``chief0``, ``worker1``...); ``break_pass``: the
-    chief reads one batch of that pass and leaves it."""
+    chief reads one batch of that pass and leaves it; ``fresh``: a new dataset every pass."""
     ds = ctx.dataset(batch_size=args.get("batch_size", 64))
     out = args["dir"]
     if args.get("per_node"):
@@ -36,6 +36,8 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
         os.makedirs(out, exist_ok=True)
     epoch = 0
     while True:
+        if args.get("fresh"):  # a dataset per pass: each micro-batch's own array lengths
+            ds = ctx.dataset(batch_size=args.get("batch_size", 64))
         if epoch == args.get("break_pass", -1) and ctx.role == "chief":  # leaves it early
             ids = []
             for b in ds:
