@@ -38,7 +38,7 @@ import enum
 import json
 import struct
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 __all__ = [
     "FeedCommand",
@@ -259,10 +259,20 @@ def decode_seen(meta: Any) -> int | None:
     return _SEEN.unpack(raw)[0]
 
 
-def split_counts(total: int, workers: int, rotation: int) -> list[int]:
-    """Each worker's share of the first ``total`` rows of a partition (differ by at most 1)."""
+def split_counts(total: int, workers: int, rotation: int,
+                 held: Sequence[int] | None = None) -> list[int]:
+    """Each worker's share of the first ``total`` rows of a partition (differ by at most 1).
+
+    The extra rows (``total`` mod ``workers``) go to the workers in turn from ``rotation`` (the
+    partition index, so partitions even each other out); given ``held`` (rows each worker holds
+    back from a stream's last micro-batch), to those holding back fewest first, in that turn
+    among equals, so that what a worker holds back cannot grow from batch to batch."""
     base, extra = divmod(total, workers)
-    return [base + (1 if (k - rotation) % workers < extra else 0) for k in range(workers)]
+    if not held:
+        return [base + (1 if (k - rotation) % workers < extra else 0) for k in range(workers)]
+    order = sorted(range(workers), key=lambda k: (held[k], (k - rotation) % workers))
+    first = set(order[:extra])
+    return [base + (1 if k in first else 0) for k in range(workers)]
 
 
 def chunk_bytes(buffer_bytes: int, concurrent_tasks: int, max_chunk_bytes: int) -> int:

@@ -93,7 +93,7 @@ class _Push:
     chunk_bytes: int
     timeout: float | None
     tls_root_certs: bytes | None
-    rotate: bool = True  # see PartitionPusher
+    held: tuple[int, ...] | None = None  # see PartitionPusher
 
 
 def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[int, ...]]:
@@ -131,7 +131,7 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
                 # same columns, different nullability flags: relabel so the stream is uniform
                 batch = pa.RecordBatch.from_arrays(batch.columns, schema=p.schema)
             total += batch.num_rows
-            targets = split_counts(total, w, p.partition if p.rotate else 0)
+            targets = split_counts(total, w, p.partition, p.held)
             offset = 0
             for k, s in enumerate(streams):
                 size = targets[k] - counts[k]
@@ -245,11 +245,9 @@ class PartitionPusher:
     ``epoch=None`` reads the epoch from the job's :data:`EPOCH_PROPERTY` local property (set by
     the driver for each epoch's job), so the same function, and the same DataFrame, can push
     every epoch. ``chunk_bytes`` is the largest message a task sends
-    (:func:`feeders.protocol.chunk_bytes`). ``rotate``: a partition's extra rows (its count
-    mod the workers) go to the workers in turn from its partition index, so the partitions
-    even each other out; off, always to the first workers in ``locations`` (a stream's
-    micro-batch, whose driver lists first the workers that hold back the fewest rows, so
-    what they hold back stays within about a row per partition).
+    (:func:`feeders.protocol.chunk_bytes`). ``held``: rows each worker (in ``locations``
+    order) holds back from a stream's last micro-batch; a partition's extra rows then go to
+    those holding back fewest first (:func:`feeders.protocol.split_counts`).
     """
 
     secret: str
@@ -259,7 +257,7 @@ class PartitionPusher:
     max_chunk_bytes: int = 1 << 20
     timeout: float | None = None
     tls_root_certs: bytes | None = None
-    rotate: bool = True
+    held: tuple[int, ...] | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -282,7 +280,7 @@ class PartitionPusher:
             secret=self.secret, epoch=epoch, partition=part, attempt=attempt,
             locations=self.locations, schema=pa.ipc.read_schema(pa.py_buffer(self.schema_ipc)),
             chunk_bytes=self.max_chunk_bytes, timeout=self.timeout,
-            tls_root_certs=self.tls_root_certs, rotate=self.rotate,
+            tls_root_certs=self.tls_root_certs, held=self.held,
         )
         rows = push_partition(batches, job)
         yield pa.RecordBatch.from_arrays(

@@ -11,9 +11,9 @@ returned), so its :class:`FeedReport` accounts for every row: consumed + ``rows_
 A stream's micro-batches (``train(carry=True)``, used by :mod:`dataplane.workloads.streaming`)
 do not drop the rows past the limit: each worker holds them back for the next micro-batch, whose
 pass begins with them, and the driver counts them in that epoch's limit. The next push hands
-every partition's extra rows to the workers holding back the fewest, so what a worker holds back
-stays within about one row per partition of a micro-batch instead of growing from batch to
-batch.
+every partition's extra rows to the workers holding back the fewest (in turn by partition among
+equals), so what a worker holds back stays within about one row per partition of a micro-batch
+instead of growing from batch to batch.
 """
 
 from __future__ import annotations
@@ -412,8 +412,6 @@ class Feeder:
                 "would read the data; cluster.shutdown() reports how each main ended." + why
             )
         carry_from, carried_in = self._carried(splits[0], workers, report, carry)
-        if carry:  # a partition's extra rows go to the first workers: those holding back fewest
-            workers = sorted(workers, key=lambda n: carried_in.get(n.node_id, 0))
         clock = FeedClock(feed_timeout, lambda: self._rows_moved(workers))
         ids = tuple(n.node_id for n in workers)
         caches: dict[str, tuple[str, bool]] = {}  # split -> (cache id, already recorded)
@@ -618,8 +616,9 @@ class Feeder:
     def _push_epoch(self, ep: _EpochBooks, report: FeedReport, clock: FeedClock) -> None:
         sp = ep.source
         what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
+        held = tuple(ep.carried_in.get(n.node_id, 0) for n in ep.workers) if ep.carry else None
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch, what=what, clock=clock,
-                              why_late=lambda: self._unread(ep), rotate=not ep.carry)
+                              why_late=lambda: self._unread(ep), held=held)
         report.spark_jobs += 1
         report.spark_tasks += len({r["partition"] for r in rows})
         sent: dict[int, int] = {}

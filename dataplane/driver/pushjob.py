@@ -166,11 +166,11 @@ class PushJobs:
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
             what: str, clock: FeedClock, why_late: Callable[[], str] | None = None,
-            rotate: bool = True) -> list[Any]:
+            held: tuple[int, ...] | None = None) -> list[Any]:
         """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS).
         ``why_late``: asked, if nothing moves for ``clock.timeout``, what the nodes say about it.
-        ``rotate``: see :class:`feeders.push.PartitionPusher`."""
-        pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, rotate)
+        ``held``: see :class:`feeders.push.PartitionPusher`."""
+        pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, held)
         job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
         return self._wait(job, clock, what, why_late)
 
@@ -210,7 +210,7 @@ class PushJobs:
             return 8
 
     def _push_frame_for(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int,
-                        rotate: bool = True) -> tuple[Any, dict[str, str]]:
+                        held: tuple[int, ...] | None = None) -> tuple[Any, dict[str, str]]:
         """The push job's DataFrame for ``epoch`` and the job-local properties to run it with.
 
         On classic Spark the epoch travels as a job-local property, so one ``mapInArrow``
@@ -233,13 +233,13 @@ class PushJobs:
                 schema_ipc=schema_ipc,
                 max_chunk_bytes=chunk,
                 tls_root_certs=self._tls_root,
-                rotate=rotate,
+                held=held,
             )
             return map_in_arrow(df, pusher, PUSH_RESULT_SCHEMA)
 
         if is_connect(self.spark):
             return frame(epoch), {}
-        key = (id(df), tuple(locations), schema_ipc, chunk, rotate)
+        key = (id(df), tuple(locations), schema_ipc, chunk, held)
         cached = self._push_frame
         if cached is None or cached[0] != key or cached[1]() is not df:
             import weakref

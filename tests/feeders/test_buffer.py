@@ -123,6 +123,25 @@ def test_split_keeps_workers_within_one_row_per_partition(sizes):
     assert max(totals) - min(totals) <= len(sizes)
 
 
+def test_a_stream_s_split_keeps_what_workers_hold_back_bounded():
+    # micro-batches evened by the smallest worker's rows, the rest held back: given what each
+    # holds, the extras go to those holding fewest, so it never grows, even when every
+    # micro-batch's rows land in the same partition; equal workers take turns by partition
+    assert split_counts(5, 3, 1) == split_counts(5, 3, 1, [0, 0, 0]) == [1, 2, 2]
+    assert split_counts(5, 3, 1, [0, 4, 1]) == [2, 1, 2]
+    rng = np.random.default_rng(7)
+    for workers, partitions in ((2, 1), (2, 2), (3, 4), (4, 3)):
+        held = [0] * workers
+        for _ in range(300):
+            rows = [0] * workers
+            for p in range(partitions):  # one partition only, the last, or all with random rows
+                n = int(rng.integers(0, 4)) if partitions > 2 else int(p == partitions - 1)
+                rows = [a + b for a, b in zip(rows, split_counts(n, workers, p, held))]
+            have = [a + b for a, b in zip(rows, held)]
+            held = [h - min(have) for h in have]
+            assert max(held) <= partitions, (workers, partitions, held)
+
+
 def test_a_worker_never_yields_past_the_final_limit():
     # two workers fed 3 uneven partitions each; yields stop at the driver's limit
     bufs = [FeedBuffer(1 << 20) for _ in range(2)]
@@ -152,9 +171,7 @@ def test_carry_epochs_hold_back_the_rows_past_the_limit_for_the_next():
     start, read, pushed = 0, [[], []], [set(), set()]
     nullable = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     for e, (n, schema) in enumerate([(1, SCHEMA), (2, SCHEMA), (51, nullable), (7, SCHEMA)]):
-        shares = split_counts(n, 2, 0)
-        if held[0] > held[1]:  # (the driver lists the workers holding back fewest first)
-            shares.reverse()
+        shares = split_counts(n, 2, 0, held)  # (extras to the worker holding back fewest)
         before = [p - {i for r in read[k] for i in r} for k, p in enumerate(pushed)]  # held back
         for k, b in enumerate(bufs):
             b.begin_epoch(EpochInfo(e, schema, carry=True, carry_from=e - 1 if e else None))
