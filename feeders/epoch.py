@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
 
 from feeders.cache import EpochCache
+from feeders.protocol import BeginEpoch
 
 __all__ = ["FeedStopped", "ConsumerFinished", "EpochClosed", "EpochWithdrawn", "EpochInfo", "NodeEpoch",
            "ParkedRows"]
@@ -63,6 +64,14 @@ class EpochInfo:
     replay: str | None = None
     carry: bool = False
     carry_from: int | None = None
+
+    @classmethod
+    def announced(cls, begin: BeginEpoch) -> "EpochInfo":
+        """The node's view of a ``begin_epoch`` command: the same fields, the schema read back
+        from its IPC bytes (a field added to one and not the other fails here, loudly)."""
+        values = {f.name: getattr(begin, f.name) for f in fields(begin) if f.name != "schema_ipc"}
+        values["shapes"] = dict(begin.shapes)
+        return cls(schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)), **values)
 
     def shuffle_seed(self, *salt: int) -> list[int]:
         """The seed of this epoch's shuffles: the user's seed, the epoch id, then ``salt``."""

@@ -211,12 +211,7 @@ class NodeServer(flight.FlightServerBase):
             for one in body.get("epochs", [body]):
                 begin = BeginEpoch.from_json(one)
                 try:
-                    reply = self.buffer.begin_epoch(
-                        EpochInfo(epoch=begin.epoch, schema=pa.ipc.read_schema(pa.py_buffer(begin.schema_ipc)),
-                                  shapes=dict(begin.shapes), split=begin.split, shuffle=begin.shuffle,
-                                  seed=begin.seed, record=begin.record, replay=begin.replay,
-                                  carry=begin.carry, carry_from=begin.carry_from)
-                    )
+                    reply = self.buffer.begin_epoch(EpochInfo.announced(begin))
                 except FeedError as e:
                     raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
             return json_result({"ok": True, "main": self.main_state, **reply})
