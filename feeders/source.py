@@ -67,6 +67,7 @@ def iterate_epoch(
     convert: Callable[[pa.Table], Any],
     batches_per_item: int = 1,
     shuffle_bytes: int | None = None,
+    sizes: list[int] | None = None,
 ) -> Generator[Any, None, bool | None]:
     """Yield converted batches of one epoch; returns when the epoch's limit is reached, and
     True, having yielded nothing, if a failed ``train()`` call took the epoch back (then the
@@ -88,6 +89,9 @@ def iterate_epoch(
     previous one held back, ahead of its pushed rows, and a complete pass holds back the rows
     past its limit instead of dropping them (``FeedBuffer.take_carry``). The driver counts
     them in the limit; while the epoch streams, only pushed rows count as safe.
+
+    ``sizes``: the batches the pass yields from this epoch are appended to it once known (the
+    limit is set, or the epoch was taken back after the batches it yielded).
     """
     info = buffer.wait_epoch_info(epoch)
     if info is None:
@@ -100,6 +104,7 @@ def iterate_epoch(
     complete = False
     failure: str | None = None
     carry: list[pa.RecordBatch] | None = None
+    counted = False
     rng = None
     if info.shuffle:
         import numpy as np
@@ -115,6 +120,9 @@ def iterate_epoch(
                 pending_bytes += b.nbytes
                 received += b.num_rows
             final = limit is not None
+            if final and sizes is not None and not counted:
+                counted = True
+                sizes.append(limit // batch_size + (1 if limit % batch_size and not drop_remainder else 0))
             if final and limit > received:  # type: ignore[operator]
                 raise FeedError(
                     f"epoch {epoch}: the driver set {limit} rows for every worker but this node "
@@ -159,6 +167,8 @@ def iterate_epoch(
     except FeedStopped:
         return
     except EpochWithdrawn:
+        if sizes is not None:
+            sizes.append(emitted // batch_size)
         return True  # the caller's pass goes on with the next epoch
     except Exception as e:
         # (a row that does not convert): the driver's train() then waits for main's error
@@ -360,7 +370,7 @@ def push_dataset(
     convert = _tensor_converter(specs)
     epoch_schema = info.schema
 
-    def one_epoch(stream: int, first: bool = True) -> Iterator[dict[str, Any]] | None:
+    def one_epoch(stream: int, first: bool = True, sizes: list[int] | None = None) -> Iterator[dict[str, Any]] | None:
         epoch = claim(first, stream)
         if epoch is None:
             expected = repeat or custom_claim is not None or (reads_until_stop is not None and reads_until_stop())
@@ -386,18 +396,48 @@ def push_dataset(
             drop_remainder=drop_remainder,
             convert=convert,
             batches_per_item=per_item,
+            sizes=sizes,
         )
+
+    first_pass: list[int] = []  # batches of the dataset's first pass, if read to its end
+    passes = [0]
+
+    def check_size(batches: int | None, complete: bool) -> None:
+        """Keras fit (tf_keras) takes the steps of a dataset of unknown length from its first
+        epoch: a later pass of another length is cut there, or stops fit. Say so once."""
+        passes[0] += 1
+        if passes[0] == 1:
+            if complete and batches is not None:
+                first_pass.append(batches)
+            return
+        if not first_pass or batches is None or batches == first_pass[0] or len(first_pass) > 1:
+            return
+        first_pass.append(batches)  # warned
+        logger.warning(
+            "ctx.dataset(split=%r): pass %d has %d batch(es), the dataset's first pass had %d. "
+            "Keras fit(ds) takes its steps per epoch from its first epoch: a longer pass is cut "
+            "there (rows tf.data read ahead count as consumed), a shorter one stops fit with "
+            "'Your input ran out of data'. Passes differ when train() calls push DataFrames of "
+            "different sizes into one fit, or when a failed train() call cut fit's first epoch "
+            "short. Push epochs of one size to one fit, or read ctx.dataset(repeat=True) with "
+            "fit(steps_per_epoch=...).", split, passes[0], batches, first_pass[0])
 
     def generator() -> Iterator[dict[str, Any]]:
         stream = buffer.open_stream(split, repeat=repeat)
         if not repeat:
+            sizes: list[int] = []
+            complete = False
             try:
                 while True:  # one epoch, or the next if a failed train() call took it back
-                    items = one_epoch(stream)
-                    if items is None or (yield from items) is not True:
+                    items = one_epoch(stream, sizes=sizes)
+                    if items is None:
+                        return
+                    if (yield from items) is not True:
+                        complete = bool(sizes)
                         return
             finally:
                 buffer.close_stream(stream)
+                check_size(sum(sizes) if sizes else None, complete)
         try:
             first = True
             while True:

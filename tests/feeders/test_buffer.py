@@ -879,3 +879,54 @@ def test_a_collection_that_cannot_run_says_so(caplog):
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith("epoch 7's pass has stood still"), said
     assert "another thread is inside a collection" in said[0]
+
+
+def test_a_pass_of_another_length_than_fit_s_first_epoch_is_named(caplog):
+    """tf_keras fixes fit's steps per epoch from its first epoch over a dataset of unknown
+    length: after 10 batches in the first pass, a pass of 13 is cut at 10 (three batches
+    never trained, yet handed to TensorFlow). The node says so, once, naming both lengths;
+    passes of one length say nothing."""
+    import os
+
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as keras
+
+    from feeders.source import push_dataset
+
+    bs, rows = 16, [160, 208, 160, 160]
+    buf = FeedBuffer(8 << 20)
+    schema = pa.schema([("x", pa.float32()), ("y", pa.float32())])
+    for e, n in enumerate(rows):
+        buf.begin_epoch(EpochInfo(e, schema))
+        x = np.arange(n, dtype=np.float32)
+        buf.put_stream(e, 0, iter(pa.table({"x": x, "y": 2 * x}, schema=schema).to_batches(max_chunksize=50)))
+        buf.end_epoch(e, n)
+    ds = push_dataset(buf, batch_size=bs, num_workers=1, features="x", label="y")
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    steps: list[int] = []
+
+    class Steps(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+            steps.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            steps[-1] += 1
+
+    with caplog.at_level("WARNING", logger="feeders.source"):
+        model.fit(ds, epochs=4, verbose=0, callbacks=[Steps()])
+    assert steps == [10, 10, 10, 10]
+    said = [r.getMessage() for r in caplog.records if r.name == "feeders.source"]
+    assert len(said) == 1 and said[0].startswith(
+        "ctx.dataset(split='train'): pass 2 has 13 batch(es), the dataset's first pass had 10. "
+        "Keras fit(ds) takes its steps per epoch from its first epoch: a longer pass is cut there"), said
+
+    caplog.clear()
+    buf = FeedBuffer(8 << 20)
+    for e in range(3):
+        buf.begin_epoch(EpochInfo(e, SCHEMA))
+        _push(buf, e, 0, 100)
+    ds = push_dataset(buf, batch_size=bs, num_workers=1, features="id")
+    with caplog.at_level("WARNING", logger="feeders.source"):
+        assert [sum(1 for _ in ds) for _ in range(3)] == [7, 7, 7]
+    assert [r.getMessage() for r in caplog.records if r.name == "feeders.source"] == []
