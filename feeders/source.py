@@ -474,6 +474,10 @@ def push_dataset(
         ds = ds.map(lambda d: d[cols[0]])
     elif label is not None:
         ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
+    if drop_remainder:
+        # every batch is already whole (iterate_epoch drops each epoch's short tail); this only
+        # gives the batch dimension its static size, as tf.data's own batch(drop_remainder=True)
+        ds = ds.rebatch(int(batch_size), drop_remainder=True)
     opts = tf.data.Options()
     # Every worker already gets its own rows; Keras must not shard them again.
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

@@ -99,6 +99,8 @@ def user_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             if pattern != "validation_only" else None
         if pattern == "tf_cache":  # TensorFlow's own cache: it reads the feed's first pass only
             ds = ds.cache()
+        if ds is not None:  # the batch dimension of every element (None: not static)
+            rec["batch_dims"] = [s.shape[0] for s in tf.nest.flatten(ds.element_spec)]
         val = ctx.dataset(bs, features=["id", "x"], label="label", split="validation") \
             if sc.get("validation") or pattern == "validation_only" else None
         for e in range(sc["read_epochs"]):
@@ -302,6 +304,9 @@ def test_drop_remainder_on_two_workers_pushed_then_cached(spark, tmp_path):
             assert report.rows == 2 * rows and report.spark_jobs == (1 if cache else 2), report
             handed = _balanced(cluster, report, before)
             seen = {n: wait_json(tmp_path / f"node{n}-s{j}.json") for n in workers}
+            # static batch shapes, as tf.data's own batch(drop_remainder=True) gives: features
+            # id and x, and the label
+            assert [seen[n]["batch_dims"] for n in workers] == [[bs, bs, bs]] * 2, seen
             for e in range(2):
                 per = [seen[n]["train"][e] for n in workers]
                 assert len(per[0]) == len(per[1]) and len(per[0]) % bs == 0 and len(per[0]) > 0, [len(p) for p in per]
