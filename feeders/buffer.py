@@ -119,7 +119,7 @@ class FeedBuffer:
         self._caches: dict[str, EpochCache] = {}
         self._replayer: threading.Thread | None = None
         # split -> (columns the dataset converts, columns with a fill value), once it is built
-        self._null_rules: dict[str, tuple[frozenset, frozenset]] = {}
+        self._null_rules: dict[str, tuple[frozenset, frozenset, frozenset]] = {}
         self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
         self._cond = threading.Condition()
         self._epochs: dict[int, NodeEpoch] = {}
@@ -298,22 +298,32 @@ class FeedBuffer:
         m["rows_parked"] += batch.num_rows
         self._cond.notify_all()
 
-    def expect_columns(self, split: str, columns: Iterator[str], filled: Iterator[str]) -> None:
+    def expect_columns(self, split: str, columns: Iterator[str], filled: Iterator[str],
+                       decoded: Iterator[str] = ()) -> None:
         """The dataset of ``split`` converts ``columns``, replacing nulls in ``filled`` only:
         from now on a pushed batch with nulls elsewhere in them is refused at once (a
-        SchemaError for the pushing task) instead of failing main later."""
+        SchemaError for the pushing task) instead of failing main later. ``decoded``: columns
+        the dataset decodes (``decode=``), for which an empty fill value is no way out."""
         with self._cond:
-            self._null_rules[split] = (frozenset(columns), frozenset(filled))
+            self._null_rules[split] = (frozenset(columns), frozenset(filled), frozenset(decoded))
 
     def _check_nulls(self, ep: NodeEpoch, partition: int, batch: pa.RecordBatch) -> None:
         rule = self._null_rules.get(ep.info.split)
         if rule is None:
             return
-        wanted, filled = rule
+        wanted, filled, decoded = rule
         for i, name in enumerate(batch.schema.names):
             if name in wanted and name not in filled:
                 col = batch.column(i)
                 nulls = col.null_count
+                if nulls and name in decoded:
+                    raise SchemaError(
+                        f"column {name!r} has {nulls} null value(s) in a batch of partition "
+                        f"{partition} (epoch {ep.info.epoch}), and the node decodes it "
+                        f"(ctx.dataset(decode=...)): a null is no image or array to decode. Drop "
+                        f"those rows first (df.na.drop(subset=[{name!r}])), or fill them with "
+                        f"valid encoded bytes of the decoded size (fill_values={{{name!r}: ...}})."
+                    )
                 if nulls:
                     raise SchemaError(
                         f"column {name!r} has {nulls} null value(s) in a batch of partition "

@@ -365,7 +365,7 @@ def push_dataset(
     declared.update({k: tuple(v) for k, v in (shapes or {}).items()})
     declared = {k: v for k, v in declared.items() if k in wanted}
     specs = column_specs(info.schema, columns=wanted, shapes=declared, fill_values=fill_values)
-    buffer.expect_columns(split, wanted, (fill_values or {}).keys())
+    buffer.expect_columns(split, wanted, (fill_values or {}).keys(), (decode or {}).keys())
     signature = tf_spec(info.schema, columns=wanted, shapes=declared)
     convert = _tensor_converter(specs)
     epoch_schema = info.schema
@@ -498,16 +498,51 @@ def _flat_and_shape(img: Any) -> Any:
     return tf.reshape(img, [-1]), tf.shape(img)
 
 
+_IMAGE_CHANNELS = {"jpeg": (0, 1, 3), "png": (0, 1, 3, 4)}
+_DECODE_FORMS = ("expected 'jpeg', 'png', (kind, channels), (kind, channels, (height, width)) "
+                 "or ('raw', dtype, shape), e.g. ('jpeg', 3, (224, 224)) or ('raw', 'float32', (28, 28))")
+
+
+def _decode_plan(name: str, how: Any) -> tuple[Any, ...]:
+    """``(kind, dtype, shape, channels, size)`` for one ``decode=`` entry."""
+    import tensorflow as tf
+
+    if how in ("jpeg", "png"):
+        return (how, None, None, 0, None)
+    if isinstance(how, (tuple, list)) and len(how) == 3 and how[0] == "raw":
+        return ("raw", tf.as_dtype(how[1]), tuple(int(d) for d in how[2]), 0, None)
+    if isinstance(how, (tuple, list)) and len(how) in (2, 3) and how[0] in _IMAGE_CHANNELS:
+        kind, channels = how[0], how[1]
+        if isinstance(channels, bool) or channels not in _IMAGE_CHANNELS[kind]:
+            raise ValueError(
+                f"decode[{name!r}] = {how!r}: channels must be one of {_IMAGE_CHANNELS[kind]} for "
+                f"{kind} (0: as stored; 1: gray; 3: RGB{'; 4: RGBA' if kind == 'png' else ''})."
+            )
+        size = None
+        if len(how) == 3:
+            size = how[2]
+            if not (isinstance(size, (tuple, list)) and len(size) == 2
+                    and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in size)):
+                raise ValueError(f"decode[{name!r}] = {how!r}: the size must be (height, width), two ints > 0.")
+            size = (int(size[0]), int(size[1]))
+        return (kind, None, None, int(channels), size)
+    raise ValueError(f"decode[{name!r}] = {how!r}: {_DECODE_FORMS}.")
+
+
 def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, batch_size: int) -> Any:
     """Decode binary columns of a batched dict dataset on the node, inside tf.data.
 
-    ``decode`` maps a column to ``"jpeg"``, ``"png"`` or ``("raw", dtype, shape)``: JPEG / PNG
-    images become ``uint8 [batch, h, w, c]`` (every image of a batch the same size), raw bytes
-    ``dtype [batch, *shape]``. Batches are decoded in parallel. A value that is not an image of
-    the named kind (by its signature), an image whose size or channels differ from its batch's
-    first, or raw bytes of the wrong length fail the pass with an ``InvalidArgumentError``
-    naming the column and the row (counted from the pass's start). An image damaged past its
-    signature fails with TensorFlow's own decoder error, which names neither.
+    ``decode`` maps a column to ``"jpeg"``, ``"png"``, ``(kind, channels)``,
+    ``(kind, channels, (height, width))`` or ``("raw", dtype, shape)``. JPEG / PNG images
+    become ``uint8 [batch, h, w, c]``: as stored (every image of a batch must then share its
+    size and channel count), with ``channels`` converted to that many (gray to RGB, ...; 0
+    keeps the stored count), and with a size resized to it (bilinear, rounded back to
+    ``uint8``). Raw bytes become ``dtype [batch, *shape]``. Batches are decoded in parallel.
+    A value that is not an image of the named kind (by its signature), an image whose size or
+    channels differ from its batch's first, or raw bytes of the wrong length fail the pass
+    with an ``InvalidArgumentError`` naming the column, the row (counted from the pass's
+    start) and that row's values in the dataset's first scalar columns (an id, say). An image
+    damaged past its signature fails with TensorFlow's own decoder error, which names neither.
     """
     import os
 
@@ -523,45 +558,50 @@ def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, bat
                 f"decode: column {name!r} is {t}, not binary; decode applies to binary columns "
                 f"(images or raw bytes)."
             )
-        if how in ("jpeg", "png"):
-            plans[name] = (how, None, None)
-        elif isinstance(how, (tuple, list)) and len(how) == 3 and how[0] == "raw":
-            dtype = tf.as_dtype(how[1])
-            shape = tuple(int(d) for d in how[2])
-            plans[name] = ("raw", dtype, shape)
-        else:
-            raise ValueError(
-                f"decode[{name!r}] = {how!r}: expected 'jpeg', 'png' or ('raw', dtype, shape), "
-                f"e.g. ('raw', 'float32', (28, 28))."
-            )
+        plans[name] = _decode_plan(name, how)
 
-    def check(ok, name, what, first):  # type: ignore[no-untyped-def]
+    def which(d, bad):  # type: ignore[no-untyped-def]
+        """The failing row's values in up to three scalar columns, to find it in the data."""
+        said: list[Any] = []
+        for k, v in d.items():
+            if k not in plans and isinstance(v, tf.Tensor) and v.shape.rank == 1 and len(said) < 6:
+                said += [f"{k} =", tf.gather(v, bad)]
+        return said
+
+    def check(ok, name, what, first, d):  # type: ignore[no-untyped-def]
         bad = tf.cast(tf.argmin(tf.cast(ok, tf.int32)), tf.int64)
         return tf.debugging.Assert(
             tf.reduce_all(ok),
-            [f"ctx.dataset(decode=...): column {name}: {what}, at row (of this pass):", first + bad],
+            [f"ctx.dataset(decode=...): column {name}: {what}, at row (of this pass):", first + bad,
+             *which(d, bad)],
             summarize=1,
         )
+
+    def resized(img, size):  # type: ignore[no-untyped-def]
+        out = tf.image.resize(img, size)
+        return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
 
     def fn(i, d):  # type: ignore[no-untyped-def]
         out = dict(d)
         first = i * batch_size
-        for name, (kind, dtype, shape) in plans.items():
+        for name, (kind, dtype, shape, channels, size) in plans.items():
             col = d[name]
             if kind == "raw":
                 want = int(np.prod(shape)) * dtype.size
                 ok = tf.equal(tf.strings.length(col), want)
-                with tf.control_dependencies([check(ok, name, f"a value is not {want} bytes of raw {dtype.name} {shape}", first)]):
+                with tf.control_dependencies([check(ok, name, f"a value is not {want} bytes of raw {dtype.name} {shape}", first, d)]):
                     flat = tf.io.decode_raw(col, dtype)
                 out[name] = tf.reshape(flat, (-1, *shape))
                 continue
             if kind == "jpeg":
                 ok = tf.map_fn(tf.io.is_jpeg, col, fn_output_signature=tf.bool)
-                decoder = lambda s: tf.io.decode_jpeg(s, channels=0)  # noqa: E731
+                decoder = lambda s, c=channels: tf.io.decode_jpeg(s, channels=c)  # noqa: E731
             else:
                 ok = tf.equal(tf.strings.substr(col, 0, 8), _PNG_MAGIC)
-                decoder = lambda s: tf.io.decode_png(s, channels=0)  # noqa: E731
-            with tf.control_dependencies([check(ok, name, f"a value is not a {kind.upper()} image", first)]):
+                decoder = lambda s, c=channels: tf.io.decode_png(s, channels=c)  # noqa: E731
+            if size is not None:
+                decoder = lambda s, inner=decoder, size=size: resized(inner(s), size)  # noqa: E731
+            with tf.control_dependencies([check(ok, name, f"a value is not a {kind.upper()} image", first, d)]):
                 flat, shapes = tf.map_fn(
                     lambda s, decoder=decoder: _flat_and_shape(decoder(s)), col,
                     fn_output_signature=(tf.RaggedTensorSpec([None], tf.uint8, ragged_rank=0),
@@ -572,14 +612,18 @@ def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, bat
             bad = tf.cast(tf.argmin(tf.cast(same, tf.int32)), tf.int64)
             differs = tf.debugging.Assert(
                 tf.reduce_all(same),
-                [f"ctx.dataset(decode=...): column {name}: the images of a batch must share a "
-                 f"size (resize them on the DataFrame first); the image at row (of this pass)",
-                 first + bad, "is (height, width, channels)", tf.gather(shapes, bad),
-                 "but the first of its batch is", ref],
+                [f"ctx.dataset(decode=...): column {name}: the images of a batch must share one "
+                 f"size and channel count; the image at row (of this pass)",
+                 first + bad, *which(d, bad), "is (height, width, channels)", tf.gather(shapes, bad),
+                 "but the first of its batch is", ref,
+                 f"(decode them all to one with decode={{{name}: ({kind}, 3, (height, width))}}, names quoted)"],
                 summarize=3,
             )
             with tf.control_dependencies([differs]):
-                out[name] = tf.reshape(flat.flat_values, tf.concat([[-1], ref], 0))
+                if size is not None and channels:  # every image alike: a static shape
+                    out[name] = tf.reshape(flat.flat_values, (-1, *size, channels))
+                else:
+                    out[name] = tf.reshape(flat.flat_values, tf.concat([[-1], ref], 0))
         return out
 
     return ds.enumerate().map(fn, num_parallel_calls=max(2, os.cpu_count() or 2), deterministic=True)

@@ -183,19 +183,26 @@ class NodeContext:
                 or ``[batch, 28, 28]`` for an image given as ``array<array<float>>``.
             fill_values: values replacing nulls per column (default: a null is an error). In
                 an array column it fills null elements, and a null array becomes an empty one
-                (ragged) or one of the declared shape holding the value.
+                where the column is ragged, or where it is dense (a declared shape, or arrays
+                of one length in every row, as the driver finds them) one of that shape
+                holding the value.
             prefetch: batches prepared ahead of the training step.
             repeat: one stream over every pushed epoch (see above); ``split="train"`` only,
                 since Keras starts a new pass over validation data every epoch.
             split: ``"train"`` (the default) or ``"validation"``: the rows of
                 ``cluster.train(..., validation=df_val)``, one pass per epoch.
             decode: binary columns to decode on the node, inside tf.data and in parallel:
-                ``{"image": "jpeg"}``, ``"png"`` (uint8 ``[batch, h, w, c]``; the images of a
-                batch must share a size) or ``("raw", dtype, shape)`` (e.g.
-                ``("raw", "float32", (28, 28))``). A value that is not such an image, an image
-                whose size differs from its batch's first, or raw bytes of the wrong length
-                fail the pass with an error naming the column and the row (an image damaged
-                past its header: TensorFlow's decoder error).
+                ``{"image": "jpeg"}`` or ``"png"`` (uint8 ``[batch, h, w, c]`` as stored: the
+                images of a batch must share a size and channel count);
+                ``("jpeg", 3)`` converts every image to 3 channels (gray to RGB; 1: gray; PNG
+                also 4: RGBA); ``("jpeg", 3, (224, 224))`` also resizes every image to that
+                height and width (bilinear, rounded back to uint8), for images of any size;
+                ``("raw", dtype, shape)`` (e.g. ``("raw", "float32", (28, 28))``). A value
+                that is not such an image, an image whose size or channels differ from its
+                batch's first, or raw bytes of the wrong length fail the pass with an error
+                naming the column, the row (counted from the pass's start) and that row's
+                values in the first scalar columns read (an id column, say); an image damaged
+                past its header fails with TensorFlow's decoder error.
 
         Raises:
             ValueError: ``batch_size`` not positive, ``label`` also in ``features``, or

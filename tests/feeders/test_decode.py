@@ -86,9 +86,66 @@ def test_an_image_of_another_size_or_channels_than_its_batch_is_named(kind):
                 pass
         text = " ".join(str(info.value).split())
         at = at - rows.start
-        assert (f"column image: the images of a batch must share a size (resize them on the "
-                f"DataFrame first); the image at row (of this pass)] [{at}] "
-                f"[is (height, width, channels)] [{shape}] [but the first of its batch is] [8 6 3]") in text, text
+        assert (f"column image: the images of a batch must share one size and channel count; "
+                f"the image at row (of this pass)] [{at}] "
+                f"[is (height, width, channels)] [{shape}] [but the first of its batch is] [8 6 3] "
+                f"[(decode them all to one with decode={{image: ({kind}, 3, (height, width))}}, "
+                f"names quoted)]") in text, text
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "png"])
+def test_images_of_mixed_sizes_and_channels_decode_to_the_ones_asked_for(kind):
+    """A folder of photos as users have them: gray and color, of several sizes. (kind, 3)
+    converts the channels as TensorFlow's decoder does; (kind, 3, (h, w)) also resizes each
+    image as tf.image.resize does, rounded back to uint8, with a static shape."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    enc = tf.io.encode_jpeg if kind == "jpeg" else tf.io.encode_png
+    dec = tf.io.decode_jpeg if kind == "jpeg" else tf.io.decode_png
+    shapes = [(8, 6, 3), (8, 6, 1), (5, 9, 3), (12, 4, 1), (8, 6, 3), (7, 7, 3), (3, 10, 1)]
+    blobs = [enc(rng.integers(0, 256, size=s, dtype=np.uint8)).numpy() for s in shapes]
+    ds = _dataset({"id": np.arange(2), "image": pa.array(blobs[:2], pa.binary())}, {"image": (kind, 3)})
+    got = np.concatenate([b["image"].numpy() for b in ds])
+    np.testing.assert_array_equal(got, np.stack([dec(b, channels=3).numpy() for b in blobs[:2]]))
+    assert got.shape == (2, 8, 6, 3)
+
+    ds = _dataset({"id": np.arange(7), "image": pa.array(blobs, pa.binary())}, {"image": (kind, 1, (6, 5))})
+    assert ds.element_spec["image"].shape.as_list() == [None, 6, 5, 1]
+    got = np.concatenate([b["image"].numpy() for b in ds])
+    want = np.stack([
+        np.clip(np.round(tf.image.resize(dec(b, channels=1), (6, 5)).numpy()), 0, 255).astype(np.uint8)
+        for b in blobs])
+    assert got.dtype == np.uint8 and got.shape == (7, 6, 5, 1)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_bad_image_is_named_by_its_row_s_id_and_a_null_image_by_its_column():
+    """The row counted from the pass's start is no place in the DataFrame; its id is. A null
+    in a decoded column is refused where it is pushed, without suggesting an empty fill
+    value (b'' is no image either)."""
+    import tensorflow as tf
+
+    from dataplane.errors import SchemaError
+
+    _, blobs = _images(6, "jpeg")
+    blobs[4] = b""
+    ds = _dataset({"id": np.arange(100, 106), "name": [f"img{i}.jpg" for i in range(6)],
+                   "image": pa.array(blobs, pa.binary())}, {"image": ("jpeg", 3)})
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        for _ in ds:
+            pass
+    assert ("column image: a value is not a JPEG image, at row (of this pass):] [4] [id =] [104] "
+            "[name =] [img4.jpg]") in str(info.value), str(info.value)
+
+    blobs[4] = None
+    with pytest.raises(SchemaError) as info2:
+        _dataset({"id": np.arange(6), "image": pa.array(blobs, pa.binary())}, {"image": "jpeg"})
+    assert str(info2.value) == (
+        "column 'image' has 1 null value(s) in a batch of partition 0 (epoch 0), and the node "
+        "decodes it (ctx.dataset(decode=...)): a null is no image or array to decode. Drop those "
+        "rows first (df.na.drop(subset=['image'])), or fill them with valid encoded bytes of the "
+        "decoded size (fill_values={'image': ...}).")
 
 
 def test_a_damaged_jpeg_gets_a_hint_where_tensorflow_names_no_row():
@@ -118,7 +175,9 @@ def test_raw_bytes_of_the_wrong_length_are_named():
 @pytest.mark.parametrize("decode, message", [
     ({"nope": "jpeg"}, "decode: column 'nope' is not in the pushed DataFrame"),
     ({"id": "jpeg"}, "decode: column 'id' is int64, not binary"),
-    ({"image": "gif"}, "expected 'jpeg', 'png' or ('raw', dtype, shape)"),
+    ({"image": "gif"}, "expected 'jpeg', 'png', (kind, channels), (kind, channels, (height, width)) or ('raw', dtype, shape)"),
+    ({"image": ("jpeg", 4)}, "channels must be one of (0, 1, 3) for jpeg"),
+    ({"image": ("png", 3, (0, 5))}, "the size must be (height, width), two ints > 0"),
 ])
 def test_bad_decode_arguments_fail_when_the_dataset_is_made(decode, message):
     from dataplane.errors import SchemaError
