@@ -324,7 +324,8 @@ def column_specs(
             tensor of that shape (rows whose length differs are an error at read time).
         fill_values: value to put in place of nulls per column (default: nulls are an error).
             In a list column it fills null elements, and a null list becomes an empty list
-            (ragged levels) or a list of the declared shape holding the value.
+            (ragged levels) or, where the column is dense (a declared shape, or one length
+            in every row), a list of that shape holding the value.
         flatten_structs: map each struct column to one column per leaf field, named
             ``"parent.child"`` (default False: a struct column is a SchemaError, because
             silently renaming columns would surprise a model expecting the original names).
@@ -634,7 +635,8 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
                 raise SchemaError(
                     f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold "
                     f"a null list. Give a fill value (fill_values={{{name!r}: {fill_example(cur.type)}}}: a null list "
-                    f"becomes an empty one, or one of the declared shape holding the value) or "
+                    f"becomes an empty one if the column is ragged, or, if it is dense, one of its "
+                    f"shape holding the value) or "
                     f"replace nulls with empty lists (coalesce(col, array())) first."
                 )
             cur = _fill_null_lists(cur, spec, len(splits))
