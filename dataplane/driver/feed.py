@@ -301,6 +301,7 @@ class Feeder:
         self._epoch = 0
         self._caches: dict[str, _Cached] = {}  # split -> what the workers hold for it
         self._carry: _Carry | None = None  # rows held back from the last micro-batch
+        self._read: set[tuple[int, str]] = set()  # (node, split) whose main has read a pass
         self._pool: Any = None  # threads sending control actions to the nodes at once
         self.notes = DataNotes()  # added to a node's failure by train() and the cluster
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
@@ -771,6 +772,8 @@ class Feeder:
                 # a pushed epoch's rows as the node counts them; a replay's: its cache
                 received = ep.received.get(nid, st.rows)
                 report.rows_per_node[nid] = report.rows_per_node.get(nid, 0) + received
+                if st.emitted:
+                    self._read.add((nid, ep.split))
                 carried_in = ep.carried_in.get(nid, 0)
                 if nid in ep.reading and st.complete:
                     if st.carried_in != carried_in:
@@ -800,18 +803,26 @@ class Feeder:
                     f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "
                     f"was still being pushed; {sum(returned.values())} row(s) were not consumed."
                 )
-                if ep.split == "validation" and all(states[nid].emitted == 0 for nid in returned):
+                unread = all(states[nid].emitted == 0 for nid in returned)
+                if ep.split == "validation" and unread and all((nid, "validation") in self._read for nid in returned):
+                    msg = msg.replace(f"epoch {ep.epoch}:", f"epoch {ep.epoch} (validation):", 1) + (
+                        " Their main had read earlier validation epochs: its fit ended before "
+                        "train(num_epochs=...)'s last epochs (EarlyStopping, or fit(epochs=) "
+                        "below num_epochs)."
+                    )
+                elif ep.split == "validation" and unread:
                     msg = msg.replace(f"epoch {ep.epoch}:", f"epoch {ep.epoch} (validation):", 1) + (
                         " Their main never read this validation epoch: read it with "
                         "ctx.dataset(..., split='validation') (for fit(validation_data=...)), "
                         "or leave validation= out of train()."
                     )
-                elif all(states[nid].emitted == 0 for nid in returned):
+                elif unread:
                     cached = ep.record is not None or ep.replay is not None
                     msg += (
                         " Their main read fewer passes than train(num_epochs=...) pushed: "
-                        "fit(epochs=) below num_epochs, or a Dataset.cache() over ctx.dataset "
-                        "(TensorFlow then reads the feed once)."
+                        "a fit that EarlyStopping ended, fit(epochs=) below num_epochs, a "
+                        "Keras fit that ran out of data on a pass shorter than its first, or "
+                        "a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
                         + ("" if cached else " To push once and train many epochs, use "
                            "train(..., cache=True).")
                     )

@@ -694,6 +694,48 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         _stop(cluster, pids)
 
 
+def early_stopped_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """fit(validation_data=...) that EarlyStopping ends after two of four epochs; then main
+    returns, as most programs do."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as keras
+
+    train = ctx.dataset(32, features="x", label="label")
+    val = ctx.dataset(32, features="x", label="label", split="validation")
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=1e9)
+    h = model.fit(train, validation_data=val, epochs=4, callbacks=[stop], verbose=0)
+    _write(os.path.join(args["dir"], f"node{ctx.node_id}-early.json"), {k: len(v) for k, v in h.history.items()})
+
+
+def test_early_stopping_with_validation_then_main_returning_is_told_so(spark, tmp_path):
+    """The epochs after EarlyStopping go unread because main returned: the report says that
+    fit ended early for both splits, not that main never read the validation split (it read
+    two validation passes)."""
+    rows, val_rows = 400, 200
+    cluster = dataplane.run(spark, early_stopped_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        before = _rows_out(cluster)
+        report = cluster.train(_frame(spark, 0, rows, 2), 4, FEED_TIMEOUT,
+                               validation=_frame(spark, 100_000, val_rows, 2))
+        handed = _balanced(cluster, report, before)
+        assert wait_json(tmp_path / "node0-early.json") == {"loss": 2, "val_loss": 2}
+        assert handed == 2 * (rows + val_rows) and report.rows_unconsumed == {0: 2 * (rows + val_rows)}, report
+        e = report.epochs  # train, validation, train, ...
+        notes = {m.split(":")[0]: m for m in report.messages}
+        assert set(notes) == {f"epoch {x}" for x in e[4::2]} | {f"epoch {x} (validation)" for x in e[5::2]}, report.messages
+        for x in e[4::2]:
+            assert "read fewer passes than train(num_epochs=...) pushed: a fit that EarlyStopping ended" in notes[f"epoch {x}"]
+        for x in e[5::2]:
+            assert notes[f"epoch {x} (validation)"].endswith(
+                "Their main had read earlier validation epochs: its fit ended before "
+                "train(num_epochs=...)'s last epochs (EarlyStopping, or fit(epochs=) below num_epochs)."), report.messages
+    finally:
+        _stop(cluster, pids)
+
+
 _SHIPPED_MAIN = '''
 import json, os
 
