@@ -250,6 +250,16 @@ def _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, bu
             f"num_nodes={num_nodes} cannot hold {num_ps} ps + 1 chief"
             f"{' + 1 evaluator' if evaluator else ''}: it needs at least {need}."
         )
+    if num_ps and num_nodes == need:
+        # not refused: a program of its own may use a ps without workers (TensorFlowOnSpark's
+        # TF1 programs did), but TensorFlow's ParameterServerStrategy fails on it
+        logger.warning(
+            "num_nodes=%d with num_ps=%d%s leaves no worker: the nodes are %d ps + 1 chief%s. "
+            "TensorFlow's ParameterServerStrategy needs at least one worker besides the chief "
+            "(it raises 'There must be at least one worker'); use num_nodes=%d for one.",
+            num_nodes, num_ps, " and evaluator=True" if evaluator else "", num_ps,
+            " + 1 evaluator" if evaluator else "", need + 1,
+        )
     if not (isinstance(reservation_timeout, (int, float)) and reservation_timeout > 0):
         raise ValueError(f"reservation_timeout must be > 0 seconds, got {reservation_timeout!r}")
     if not isinstance(buffer_bytes, int) or buffer_bytes < 64 * 1024:

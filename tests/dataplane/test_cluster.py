@@ -122,6 +122,22 @@ def test_bad_arguments_fail_before_anything_starts(spark):
         dataplane.run(spark, describe_main, port_range=(10, 5))
 
 
+def test_a_parameter_server_layout_without_a_worker_is_warned_about(spark, caplog):
+    """num_nodes=3, num_ps=1, evaluator=True is ps + chief + evaluator: TensorFlow's
+    ParameterServerStrategy fails on it inside main, so run() says so before starting (the
+    bad port_range then stops it before any node starts)."""
+    with caplog.at_level("WARNING", logger="dataplane.driver.startup"):
+        with pytest.raises(ValueError, match="port_range"):
+            dataplane.run(spark, describe_main, num_nodes=3, num_ps=1, evaluator=True, port_range=(10, 5))
+        with pytest.raises(ValueError, match="port_range"):
+            dataplane.run(spark, describe_main, num_nodes=4, num_ps=1, evaluator=True, port_range=(10, 5))
+    assert [r.getMessage() for r in caplog.records if r.name == "dataplane.driver.startup"] == [
+        "num_nodes=3 with num_ps=1 and evaluator=True leaves no worker: the nodes are 1 ps + 1 "
+        "chief + 1 evaluator. TensorFlow's ParameterServerStrategy needs at least one worker "
+        "besides the chief (it raises 'There must be at least one worker'); use num_nodes=4 for one."
+    ]
+
+
 def test_importing_dataplane_does_not_import_tensorflow():
     import subprocess
     import sys
