@@ -208,6 +208,12 @@ _KNOWN_FIXES = (
     # a list column yielded as a tf.RaggedTensor into a Dense layer: Keras 3, tf_keras
     (("may not be ragged in their innermost dimension", "RaggedMatMul"), _RAGGED_INPUT),
     (("only supports RaggedTensors when the innermost dimension is non-ragged",), _RAGGED_INPUT),
+    # tf_keras fit whose first epoch got no batch at all
+    (("Unexpected result of `train_function` (Empty logs)",),
+     "fit's first epoch got no batch from its dataset: the pass was empty. The DataFrame had "
+     "no rows, fewer rows than workers (each worker yields the smallest worker's share), or, "
+     "with ctx.dataset(drop_remainder=True), fewer rows per worker than one batch (the node's "
+     "log says so): push more rows or use a smaller batch_size."),
     # ctx.dataset(decode=...) on an image whose bytes break off after a valid signature
     (("jpeg::Uncompress failed",),
      "A value of a ctx.dataset(decode={...: 'jpeg'}) column is a damaged JPEG (it starts like "

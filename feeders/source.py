@@ -153,6 +153,11 @@ def iterate_epoch(
                 yield item
             if final:
                 tail = limit - emitted  # type: ignore[operator]
+                if drop_remainder and emitted == 0 and tail > 0:
+                    logger.warning(
+                        "ctx.dataset(batch_size=%d, drop_remainder=True): epoch %d (%s) gives this "
+                        "node %d row(s), fewer than one batch, so its pass yields none. Push more "
+                        "rows or use a smaller batch_size.", batch_size, epoch, info.split, tail)
                 if tail > 0 and not drop_remainder:
                     table, pending = _take_rows(pending, tail)
                     item = convert(table)

@@ -190,6 +190,9 @@ def test_known_tensorflow_failures_get_their_fix():
     )
     assert "shapes={'image': (784,)}, on the reader or on ctx.dataset" in known_fix(keras3_ragged)
     assert known_fix(keras3_ragged) == known_fix(tf_keras_ragged)
+    empty = ("ValueError: Unexpected result of `train_function` (Empty logs). This could be due "
+             "to issues in input pipeline that resulted in an empty dataset.")
+    assert known_fix(empty).startswith("fit's first epoch got no batch from its dataset: the pass was empty.")
     # Keras' bold on and off do not reach the message
     summary = error_summary(keras3_dict)
     assert "\x1b" not in summary and "The structure of `inputs` doesn't match" in summary, summary

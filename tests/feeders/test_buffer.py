@@ -930,3 +930,19 @@ def test_a_pass_of_another_length_than_fit_s_first_epoch_is_named(caplog):
     with caplog.at_level("WARNING", logger="feeders.source"):
         assert [sum(1 for _ in ds) for _ in range(3)] == [7, 7, 7]
     assert [r.getMessage() for r in caplog.records if r.name == "feeders.source"] == []
+
+
+def test_a_pass_with_fewer_rows_than_one_dropped_batch_says_so(caplog):
+    """ctx.dataset(1000, drop_remainder=True) over 25 rows: the pass yields nothing, and Keras
+    only says 'Empty logs'; the node's log says why."""
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    _push(buf, 0, 0, 25)
+    with caplog.at_level("WARNING", logger="feeders.source"):
+        got = list(iterate_epoch(buf, 0, batch_size=1000, num_workers=1, drop_remainder=True,
+                                 convert=lambda t: t.column("id").to_pylist()))
+    assert got == []
+    assert [r.getMessage() for r in caplog.records if r.name == "feeders.source"] == [
+        "ctx.dataset(batch_size=1000, drop_remainder=True): epoch 0 (train) gives this node 25 "
+        "row(s), fewer than one batch, so its pass yields none. Push more rows or use a smaller "
+        "batch_size."]
