@@ -47,7 +47,12 @@ class FeedReport:
             only (the nodes replay the later epochs from their caches), so ``bytes / rows`` is
             a row's size only without the cache.
         seconds: wall time of the feed.
-        rows_per_node: node id -> rows that node received (after dedupe of retried tasks).
+        rows_per_node: node id -> rows that node received (after dedupe of retried tasks):
+            for a replayed epoch (``cache=True``) the rows its cache holds, and for a pushed
+            one the rows that reached it, so a node that refused the rest of an epoch (its
+            pass ended, its main returned) counts only what arrived before; how much depends on
+            when it refused. What the node's dataset did not hand to TensorFlow is in
+            ``rows_unconsumed`` either way.
         dropped_for_balance: rows received but not yielded, so every worker yields the same
             number of rows (and batches) per epoch.
         rows_unconsumed: node id -> rows pushed for that node that its dataset never handed to
