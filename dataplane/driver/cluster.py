@@ -154,10 +154,22 @@ class Cluster:
             FeedError: the feeding job failed, or nothing moved for ``feed_timeout`` seconds.
         """
         self._check_running("train")
-        return self._feeder.train(
+        report = self._feeder.train(
             df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress, cache=cache,
             shuffle=shuffle, seed=seed, validation=validation,
         )
+        ps = [n for n in self.topology.nodes if n.role == "ps"] if self.topology else []
+        if ps and report.rows and sum(report.rows_unconsumed.values()) + report.dropped_for_balance == report.rows:
+            msg = (
+                f"no worker read any pushed row, and this cluster has {len(ps)} parameter "
+                f"server(s): under ParameterServerStrategy the workers' input comes from the "
+                f"chief's dataset_fn, which ctx.dataset() cannot be (README, Known limits). Give "
+                f"that strategy a dataset_fn over TensorFlow's own readers, or train with "
+                f"MultiWorkerMirroredStrategy (num_ps=0) to use train(df)."
+            )
+            report.messages.append(msg)
+            logger.warning("%s", msg)
+        return report
 
     def _train_micro_batch(self, df: Any, feed_timeout: float) -> FeedReport:
         """``train(df)`` for a stream's micro-batch (:mod:`dataplane.workloads.streaming`): the

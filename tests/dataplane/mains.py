@@ -45,6 +45,8 @@ def describe_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     if args.get("block"):
         while not ctx.should_stop:
             time.sleep(0.1)
+    if args.get("wait_stop"):  # as a ps or a ParameterServerStrategy worker waits
+        ctx.wait_stop()
 
 
 def temp_main(args, ctx) -> None:  # type: ignore[no-untyped-def]

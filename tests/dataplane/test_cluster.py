@@ -63,11 +63,19 @@ def test_two_nodes_spec_tf_config_mwms_step_and_tensorboard(spark, tmp_path):
 
 
 def test_three_nodes_with_a_parameter_server(spark, tmp_path):
-    cluster = dataplane.run(spark, describe_main, {"dir": str(tmp_path)}, num_nodes=3, num_ps=1)
+    cluster = dataplane.run(spark, describe_main, {"dir": str(tmp_path), "wait_stop": True}, num_nodes=3, num_ps=1)
     try:
         nodes = cluster.nodes
         assert [(n.role, n.index) for n in nodes] == [("ps", 0), ("chief", 0), ("worker", 0)]
         infos = {n.node_id: wait_json(tmp_path / f"node{n.node_id}.json") for n in nodes}
+        # rows pushed into a ParameterServerStrategy cluster, whose nodes wait in
+        # ctx.wait_stop() (the chief's coordinator feeds the workers itself): refused, and
+        # the report says why instead of only suggesting fit(epochs=) or cache=True
+        report = cluster.train(spark.range(0, 100, 1, 2).selectExpr("cast(id as float) as x"), 1, 60)
+        assert report.rows == 100 and sum(report.rows_unconsumed.values()) + report.dropped_for_balance == 100, report
+        assert ("no worker read any pushed row, and this cluster has 1 parameter server(s): under "
+                "ParameterServerStrategy the workers' input comes from the chief's dataset_fn, "
+                "which ctx.dataset() cannot be") in report.messages[-1], report.messages
     finally:
         cluster.shutdown()
     by_role = {n.role: n for n in nodes}
