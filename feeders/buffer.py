@@ -127,6 +127,7 @@ class FeedBuffer:
         self._stopped = False
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
+        self._data_waits: list[float] = []  # when each pass now waiting for an epoch began to
         self._stalled = 0  # producers waiting on a full buffer right now
         self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
@@ -369,6 +370,8 @@ class FeedBuffer:
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         self.idle_waiters += idle
+        if idle:
+            self._data_waits.append(start)
         try:
             while not ready():
                 now = time.monotonic()
@@ -383,6 +386,15 @@ class FeedBuffer:
             return True
         finally:
             self.idle_waiters -= idle
+            if idle:
+                self._data_waits.remove(start)
+
+    def waits_for_data(self) -> float | None:
+        """Seconds the longest-waiting pass over a ``ctx.dataset()`` has waited for the driver
+        to push an epoch (building the dataset, or a pass past the last pushed epoch); None
+        if none waits."""
+        with self._cond:
+            return time.monotonic() - min(self._data_waits) if self._data_waits else None
 
     def waiting_for_driver(self, wait: Callable[[], Any]) -> Any:
         """Call ``wait()`` counted in ``idle_waiters``: the caller (``ctx.wait_stop``) only

@@ -206,6 +206,7 @@ class _Node:
             cache_bytes=self.cfg.cache_bytes,
         )
         self.broker = InferenceBroker()
+        self.broker.waits_for_data = self.buffer.waits_for_data
         rng = self.cfg.port_range
         ports = [0] if not rng else list(range(rng[0], rng[1] + 1))
         scheme = self.cfg.scheme

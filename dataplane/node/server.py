@@ -39,6 +39,9 @@ NODE_STOPPING = Refusal.NODE_STOPPING.value
 
 # How long an inference request waits for ctx.serve on a node whose main is in ctx.wait_stop().
 WAIT_STOP_GRACE = 3.0
+# ... and on a node whose main waits in ctx.dataset() for the driver's next train() call (longer:
+# another driver thread may be about to push it)
+WAIT_DATA_GRACE = 10.0
 # Calls of ctx.wait_stop(timeout) less than this far apart (a polling loop) are one wait.
 WAIT_STOP_GAP = 1.0
 
@@ -52,6 +55,8 @@ class InferenceBroker:
         self.serving = False  # ctx.serve is running: main waits for the driver's requests
         self.closed: str | None = None  # why no answer will ever come (main ended unserving)
         self.waiting_since: float | None = None  # main blocks in ctx.wait_stop() (monotonic)
+        # seconds main has waited in ctx.dataset() for a pushed epoch (FeedBuffer.waits_for_data)
+        self.waits_for_data: Callable[[], float | None] = lambda: None
         self._left_wait: float | None = None  # when main's last ctx.wait_stop() returned
         self._wait_start: float | None = None  # when the current run of wait_stop calls began
         self.rows = 0
@@ -73,6 +78,15 @@ class InferenceBroker:
                     "answer; call ctx.serve(predict) in main on every chief and worker (it "
                     "returns when the driver shuts down, as wait_stop does) before "
                     "cluster.inference"
+                )
+            waited = None if self.serving else self.waits_for_data()
+            if waited is not None and waited > WAIT_DATA_GRACE:
+                raise NotServing(
+                    f"main has waited {waited:.0f} s in ctx.dataset() for the driver's next "
+                    f"cluster.train() call (it read every epoch pushed so far) instead of "
+                    f"serving inference, so nothing will answer; call ctx.serve(predict) in main "
+                    f"on every chief and worker once it has read the passes train() pushes (or "
+                    f"from a thread of its own) before cluster.inference"
                 )
             try:
                 return fut.result(timeout=0.2)

@@ -307,3 +307,11 @@ def one_pass_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Reads one pass of the pushed data, then returns (fit(epochs=1) under a longer train)."""
     for _ in ctx.dataset(batch_size=16):
         pass
+
+
+def passes_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read pass after pass of ctx.dataset() until shutdown, never serving inference."""
+    ds = ctx.dataset(16)
+    while not ctx.should_stop:
+        for _ in ds:
+            pass

@@ -23,6 +23,7 @@ from tests.dataplane.mains import (
     early_main,
     feed_main,
     idle_main,
+    passes_main,
     pull_main,
     raise_mid_feed_main,
     slow_reader_main,
@@ -303,6 +304,24 @@ def test_inference_fails_fast_on_a_main_waiting_in_wait_stop_without_serving(spa
         time.sleep(4)  # past the grace an unserved request gets
         rows = cluster.inference(df, passthrough=("id",)).collect()
     assert sorted((r.id, r.y) for r in rows) == [(i, 2.0 * i) for i in range(100)]
+
+
+def test_inference_fails_fast_on_a_main_waiting_in_ctx_dataset_for_more_epochs(spark):
+    # a main that reads pass after pass and never serves: before any train() it waits for
+    # the first epoch, afterwards for the next one; the driver's probe waited for feed_timeout
+    # (600 s) and then said only "Deadline Exceeded"
+    df = spark.range(0, 100, 1, 2).selectExpr("id", "cast(id as double) as x")
+    with dataplane.run(spark, passes_main, {}, num_nodes=1) as cluster:
+        for call in ("before train", "after train"):
+            if call == "after train":
+                assert cluster.train(df, 1, 60).rows == 100
+            t0 = time.monotonic()
+            with pytest.raises(Exception) as info:
+                cluster.inference(df, passthrough=("id",)).count()
+            assert time.monotonic() - t0 < 40, call
+            msg = str(info.value)
+            assert "in ctx.dataset() for the driver's next cluster.train() call (it read every epoch " \
+                   "pushed so far) instead of serving inference" in msg, (call, msg[-2000:])
 
 
 def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
