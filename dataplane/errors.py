@@ -132,6 +132,11 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
         return lines[-1].strip() if lines else ""
     out = [lines[first].strip()]
     for ln in lines[first + 1:]:
+        if ln.lstrip().startswith(_TF_NOISE):
+            continue
+        inside = _IN_DATASET.match(ln.strip())
+        if inside:  # a tf.data function's failure (an Assert's text): its message, not its place
+            ln = inside.group(1)
         if len(out) >= max_lines or ln.lstrip().startswith(_NOT_MESSAGE) or _EXC_LINE.match(ln.strip()):
             break
         out.append(ln)
@@ -234,6 +239,11 @@ def known_fix(traceback_text: str) -> str | None:
     return None
 
 
+# lines of TensorFlow's graph errors that only say where, never what
+_TF_NOISE = ("Detected at node ", "<stack traces unavailable>")
+# "Error in user-defined function passed to ParallelMapDatasetV2:4 transformation with
+# iterator: Iterator::Root::...::ParallelMapV2: assertion failed: [...]": the part after it
+_IN_DATASET = re.compile(r"Error in user-defined function passed to .*? transformation with iterator: \S+: (.+)$")
 # lines after an error's first line that are not its message: a chained traceback, TF's
 # op annotations, the JVM's stack around a failed Spark job
 _NOT_MESSAGE = ("Traceback (most recent call last)", 'File "', "During handling", "The above exception",

@@ -59,6 +59,29 @@ def test_a_generator_error_inside_tensorflow_text():
     assert error_summary(text) == "KeyError: 'boom in the generator'"
 
 
+def test_a_failure_inside_a_tf_data_function_keeps_its_message():
+    # a corrupt image under MWMS fit (ctx.dataset(decode=...)): the summary kept "Detected at
+    # node ..." and "<stack traces unavailable>" and dropped the line that says what failed
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/work/main/dataplane/node/process.py", line 437, in _run_main\n'
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:\n\n"
+        "Detected at node Assert/AssertGuard/Assert_tfg_inlined_Assert/AssertGuard_1 defined at (most recent call last):\n"
+        "<stack traces unavailable>\n"
+        "Error in user-defined function passed to ParallelMapDatasetV2:4 transformation with iterator: "
+        "Iterator::Root::Prefetch::RebatchV2::Map::Prefetch::RebatchV2::ParallelMapV2: assertion failed: "
+        "[ctx.dataset(decode=...): column image: a value is not a JPEG image, at row (of this pass):] "
+        "[15] [id =] [211] [label =] [1]\n"
+        "\t [[{{node Assert/AssertGuard/Assert_tfg_inlined_Assert/AssertGuard_1}}]]\n"
+        "\t [[MultiDeviceIteratorGetNextFromShard]]\n"
+        " [Op:__inference_train_function_1924]\n"
+    )
+    assert error_summary(text) == (
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:\n"
+        "assertion failed: [ctx.dataset(decode=...): column image: a value is not a JPEG image, "
+        "at row (of this pass):] [15] [id =] [211] [label =] [1]")
+
+
 def test_long_messages_are_cut():
     text = _traceback_of(lambda: (_ for _ in ()).throw(ValueError("\n".join(["x" * 500] * 20))))
     out = error_summary(text)
