@@ -221,7 +221,7 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
     """Resolve a path or URL to a :class:`Location`.
 
     Args:
-        path_or_url: a local path, ``file://``, ``s3://`` or ``hdfs://`` URL.
+        path_or_url: a local path, ``file://`` (or Hadoop's ``file:/path``), ``s3://`` or ``hdfs://`` URL.
         filesystem: a ``pyarrow.fs.FileSystem`` (or fsspec filesystem) to use instead of the
             one the URL implies; the URL's scheme is then stripped (``s3://b/k`` -> ``b/k``).
 
@@ -236,6 +236,8 @@ def resolve(path_or_url: str | os.PathLike, *, filesystem: Any = None) -> Locati
             f"{path_or_url!r}."
         )
     url = path_or_url
+    if url[:5].lower() == "file:" and url[5:6] == "/" and url[5:7] != "//":
+        url = "file://" + url[5:]  # Hadoop's file:/path, as Spark writes a table's location
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     # not urlsplit's path: '?' and '#' are glob or name characters here, not a query
     netloc, _, rest = url.split("://", 1)[1].partition("/") if scheme else ("", "", "")

@@ -20,6 +20,9 @@ def test_plain_and_file_urls(tmp_path, monkeypatch):
     for given, want in [
         (str(tmp_path / "a"), str(tmp_path / "a")),
         (f"file://{tmp_path}/a", str(tmp_path / "a")),
+        # Hadoop's form, as Spark writes spark.sql.warehouse.dir and a table's Location
+        (f"file:{tmp_path}/a", str(tmp_path / "a")),
+        (f"FILE:{tmp_path}/my%20set", str(tmp_path / "my set")),
         ("rel/dir", str(tmp_path / "rel" / "dir")),
         (tmp_path / "p", str(tmp_path / "p")),
         # percent-encoded, as Spark's df.inputFiles() writes a path with a space; plain paths
