@@ -340,11 +340,15 @@ def column_specs(
         schema = flatten_struct_fields(schema)
     names = list(columns) if columns is not None else list(schema.names)
     for extra in list(shapes) + list(fill_values):
-        if extra not in names:
+        if extra not in names and extra not in schema.names:
             raise SchemaError(
-                f"shapes/fill_values name column {extra!r}, which is not among the selected "
-                f"columns {names}."
+                f"shapes/fill_values name column {extra!r}, which the data does not have; its "
+                f"columns are {list(schema.names)}."
             )
+    # a column the data has but this read leaves out: nothing to do (one fill_values dict
+    # serves reads of different columns=)
+    shapes = {k: v for k, v in shapes.items() if k in names}
+    fill_values = {k: v for k, v in fill_values.items() if k in names}
     specs = []
     for name in names:
         idx = schema.get_field_index(name)

@@ -17,7 +17,7 @@ from feeders.shard import balanced_shards
 from feeders.tfrecord.files import open_record_batches, sample_records
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, resolve, storage_error
-from formats.schema import ColumnSpec, check_fill_value, column_specs, mapping_arg
+from formats.schema import ColumnSpec, check_fill_value, column_specs, fill_example, mapping_arg
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, empty_export, find_schema_file
 from formats.tfrecord import normalize_compression
 
@@ -224,15 +224,22 @@ def check_records(loc: Location, files: Sequence[str], compression: str | None,
                     f"{where}: column {spec.name!r} is in the schema but absent from all of the "
                     f"first {len(records)} record(s), whose features are "
                     f"{sorted(parse_record(records[0]))}. Check the schema's column names, leave the column out (columns=...), "
-                    f"or give fill_values={{{spec.name!r}: 0}}."
+                    f"or give fill_values={{{spec.name!r}: {_fill_hint(spec)}}}."
                 )
             raise SchemaError(
                 f"{where}: record {first} has no feature {spec.name!r} (a null when it was "
                 f"written; {col.null_count} of the first {len(records)} records lack it), but it "
-                f"is read as {kind} without a fill value. Pass fill_values={{{spec.name!r}: 0}} "
+                f"is read as {kind} without a fill value. Pass fill_values={{{spec.name!r}: {_fill_hint(spec)}}} "
                 f"(any value of its type), or rewrite the records without nulls."
             )
         left -= len(records)
+
+
+def _fill_hint(spec: ColumnSpec) -> str:
+    """A fill value of the column's type to show in a fix: ``''`` for text, ``0`` for numbers."""
+    if spec.arrow_type is not None:
+        return fill_example(spec.arrow_type)
+    return "''" if spec.dtype == "string" else "0"
 
 
 def shard_files(loc: Any, files: list[str], shard: tuple[int, int]) -> list[str]:

@@ -288,6 +288,31 @@ def test_null_in_a_dense_tfrecord_column(tmp_path):
     assert batch["x"].numpy().tolist() == [1.5, -1.0, 3.0]
 
 
+def test_a_missing_text_feature_gets_a_text_fill_value_in_its_fix(tmp_path):
+    # the fix said fill_values={'s': 0}, which the reader then refused for a string column
+    table = pa.table({"id": [0, 1, 2], "s": pa.array(["a", None, "c"])})
+    write_tfrecord_files(table, tmp_path)
+    with pytest.raises(SchemaError, match=r"record 1 has no feature 's' .* fill_values=\{'s': ''\}"):
+        feeders.tfrecord_dataset(tmp_path, schema=table.schema)
+    batch = next(iter(feeders.tfrecord_dataset(tmp_path, schema=table.schema, fill_values={"s": ""})))
+    assert batch["s"].numpy().tolist() == [b"a", b"", b"c"]
+
+
+def test_one_fill_values_dict_serves_reads_of_different_columns(tmp_path):
+    # Parquet refused a fill value for a column left out by columns=, where the TFRecord reader
+    # took it; both now take it, and both refuse a name the data does not have (a typo)
+    table = pa.table({"id": [0, 1, 2], "x": pa.array([1.5, None, 3.0], pa.float32())})
+    pq.write_table(table, tmp_path / "a.parquet")
+    write_tfrecord_files(table, tmp_path / "tfr")
+    fills = {"x": -1.0}
+    assert next(iter(feeders.parquet_dataset(tmp_path / "a.parquet", columns=["id"], fill_values=fills)))["id"].numpy().tolist() == [0, 1, 2]
+    assert next(iter(feeders.tfrecord_dataset(tmp_path / "tfr", schema=table.schema, columns=["id"], fill_values=fills)))["id"].numpy().tolist() == [0, 1, 2]
+    with pytest.raises(SchemaError, match=r"shapes/fill_values name column 'xx', which the data does not have; its columns are \['id', 'x'\]"):
+        feeders.parquet_dataset(tmp_path / "a.parquet", columns=["id"], fill_values={"xx": 0})
+    with pytest.raises(SchemaError, match=r"column 'xx' is not in the records"):
+        feeders.tfrecord_dataset(tmp_path / "tfr", schema=table.schema, columns=["id"], fill_values={"xx": 0})
+
+
 def test_bad_arguments(tmp_path):
     pq.write_table(numeric_table(4), tmp_path / "a.parquet")
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
