@@ -140,11 +140,14 @@ def _check_no_extra_columns(loc: Location, files: list[str], metas: list[Any], s
         extra = [n for n in meta.schema.to_arrow_schema().names
                  if n not in known and not re.fullmatch(r"__index_level_\d+__", n)]
         if extra:
+            names = [set(m.schema.to_arrow_schema().names) for m in metas]
+            common = sorted(n for n in known if all(n in have for have in names)
+                            and not re.fullmatch(r"__index_level_\d+__", n))
             raise SchemaError(
                 f"{loc.display(path)} has column(s) {extra} that {loc.display(files[0])} does not "
                 f"have; every file of a data set must have the same columns. Rewrite the odd "
                 f"file, or pass columns= naming the columns to read (those every file has: "
-                f"{sorted(known)[:10]}{' ...' if len(known) > 10 else ''})."
+                f"{common[:10]}{' ...' if len(common) > 10 else ''})."
             )
 
 

@@ -219,6 +219,21 @@ def test_schema_differing_between_files(tmp_path):
     assert [b["id"].numpy().tolist() for b in feeders.parquet_dataset(tmp_path, columns=["id"])] == [[5, 6]]
 
 
+def test_the_columns_every_file_has_are_those_the_hint_names(tmp_path):
+    # pandas files, one with an unnamed index (stored as __index_level_0__), one with a named
+    # index 'rid': the hint listed __index_level_0__ as a column every file has, and reading
+    # it then failed on the second file
+    import pandas as pd
+
+    df = pd.DataFrame({"id": np.arange(9), "x": np.arange(9) * 1.0})
+    df[df.id % 3 == 0].to_parquet(tmp_path / "a.parquet")
+    df[df.id % 3 == 1].set_index("id", drop=False).rename_axis("rid").to_parquet(tmp_path / "b.parquet")
+    with pytest.raises(SchemaError, match=r"has column\(s\) \['rid'\] .* \(those every file has: \['id', 'x'\]\)"):
+        feeders.parquet_dataset(tmp_path)
+    got = [b["id"].numpy().tolist() for b in feeders.parquet_dataset(tmp_path, columns=["id", "x"])]
+    assert sorted(sum(got, [])) == [0, 1, 3, 4, 6, 7]
+
+
 def test_null_in_a_dense_parquet_column(tmp_path):
     pq.write_table(
         pa.table({"id": [0, 1, 2], "x": pa.array([1.5, None, 3.0], pa.float32())}),
