@@ -163,7 +163,10 @@ def _null_note(c: dict[str, Any]) -> str:
         example = fill_example(pa.type_for_alias(c["arrow_type"]))
     except (ValueError, TypeError, KeyError):
         example = "..."
-    return (f"{c['nulls']:,} null value(s): the readers refuse them unless given "
+    counted = (f"at least {c['nulls']:,} null value(s) (absent features) in the first "
+               f"{c['nulls_in_first']:,} records, without a _tf_schema.json to count them all"
+               if c.get("nulls_in_first") else f"{c['nulls']:,} null value(s)")
+    return (f"{counted}: the readers refuse them unless given "
             f"fill_values={{{c['name']!r}: {example}}} (or leave the column out)")
 
 
@@ -226,13 +229,19 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         columns.append({"name": spec.name, "arrow_type": arrow, "tf": _tf_text(spec)})
         if plan.schema_file is not None and spec.name in plan.schema_file.null_counts:
             columns[-1]["nulls"] = int(plan.schema_file.null_counts[spec.name])
-    if plan.schema_source == "inferred" and any(s.is_ragged for s in plan.specs):
+    uncounted = [c for c, spec in zip(columns, plan.specs) if "nulls" not in c and not spec.is_ragged]
+    if (plan.schema_source == "inferred" and any(s.is_ragged for s in plan.specs)) or uncounted:
         from feeders.tfrecord.files import sample_records
         from formats.example import decode_examples
 
         records = sample_records(loc, plan.files, plan.compression, sample)
-        _shape_hints(decode_examples(records, plan.specs), plan.specs, columns,
-                     f"the {len(records)} sampled records")
+        table = decode_examples(records, plan.specs)
+        if plan.schema_source == "inferred" and any(s.is_ragged for s in plan.specs):
+            _shape_hints(table, plan.specs, columns, f"the {len(records)} sampled records")
+        for c in uncounted:  # a dense or scalar feature absent from a record is a null there
+            nulls = table.column(c["name"]).null_count
+            if nulls:
+                c["nulls"], c["nulls_in_first"] = int(nulls), len(records)
     total = None if any(r is None for r in rows_per_file) else int(sum(rows_per_file))  # type: ignore[arg-type]
     out = {
         "url": loc.url, "format": "tfrecord", "compression": plan.compression, "rows": total,

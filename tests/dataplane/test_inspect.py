@@ -193,6 +193,22 @@ def test_null_counts_are_shown_with_the_fill_to_pass(tmp_path):
     assert "score: 7 null value(s)" in _inspect(str(records)).stdout
 
 
+def test_absent_features_of_records_without_a_schema_file_are_shown_as_nulls(tmp_path):
+    # TFRecords written by plain TensorFlow code, a feature absent from some records: inspect
+    # said nothing, and every reader then refused the column without fill_values
+    import pyarrow as pa
+
+    write_tfrecord_files(pa.table({"id": list(range(8)), "opt": [1.5, None, 2.5, None, None, 3.0, 4.0, 5.0],
+                                   "tags": [[1], [], [2, 3], [4], [], [5], [6, 7], [8]]}), tmp_path, files=1)
+    out = _inspect(str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert ("opt: at least 3 null value(s) (absent features) in the first 8 records, without a "
+            "_tf_schema.json to count them all: the readers refuse them unless given "
+            "fill_values={'opt': 0} (or leave the column out)") in out.stdout, out.stdout
+    cols = {c["name"]: c for c in json.loads(_inspect("--json", str(tmp_path)).stdout)["columns"]}
+    assert (cols["opt"]["nulls"], cols["opt"]["nulls_in_first"], "nulls" in cols["id"]) == (3, 8, False), cols
+
+
 def test_nulls_the_footers_cannot_count_are_unknown_not_zero(tmp_path):
     # a file without statistics, a list column with an empty list, and a partition column's
     # null directory all showed no nulls, though the readers then stopped at them
