@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow as pa
 
 from formats.errors import SchemaError, StorageError
-from formats.schema import ColumnSpec, column_specs
+from formats.schema import ColumnSpec, column_specs, timestamps_as_micros
 from formats.hive import HiveColumns
 from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progress, task_error, write_partition
 from formats.tfrecord import normalize_compression
@@ -279,6 +279,9 @@ class _ParquetWriteTask:
                 cols.append(pa.nulls(batch.num_rows, field.type))
                 continue
             col = batch.column(idx)
+            if pa.types.is_timestamp(col.type) and pa.types.is_timestamp(field.type) and field.type.unit == "us":
+                # as every reader converts them (nanoseconds floored), not a cast that refuses
+                col = timestamps_as_micros(field.name, col)
             if col.type != field.type:
                 try:
                     col = col.cast(field.type)

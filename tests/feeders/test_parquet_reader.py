@@ -125,6 +125,14 @@ def test_pandas_nanosecond_timestamps_read_as_the_microseconds_their_export_hold
     formats.parquet_to_tfrecords(spark, str(tmp_path / "pandas.parquet"), str(tmp_path / "tfr"))
     exported = next(iter(feeders.tfrecord_dataset(str(tmp_path / "tfr"), batch_size=10)))
     assert exported["t"].numpy().tolist() == want
+    # nanoseconds below a microsecond: floored by the export as by the reader (the export
+    # refused the file, "Casting from timestamp[ns] to timestamp[us] would lose data")
+    (tmp_path / "ns").mkdir()
+    pq.write_table(pa.table({"t": pa.array([1, 999, 4001, -1], pa.timestamp("ns"))}), tmp_path / "ns" / "a.parquet")
+    formats.parquet_to_tfrecords(spark, str(tmp_path / "ns"), str(tmp_path / "tfr_ns"))
+    pulled = next(iter(feeders.parquet_dataset(tmp_path / "ns", batch_size=10)))["t"].numpy().tolist()
+    exported = next(iter(feeders.tfrecord_dataset(str(tmp_path / "tfr_ns"), batch_size=10)))["t"].numpy().tolist()
+    assert pulled == exported == [0, 0, 4, -1]
 
 
 def test_a_file_rewritten_without_a_column_after_planning_is_named(tmp_path):
