@@ -163,6 +163,9 @@ def _null_note(c: dict[str, Any]) -> str:
         example = fill_example(pa.type_for_alias(c["arrow_type"]))
     except (ValueError, TypeError, KeyError):
         example = "..."
+    if c.get("nulls_read_as"):
+        return (f"{c['nulls']:,} null value(s) (absent features): the TFRecord reader reads them "
+                f"as {c['nulls_read_as']}, as tf.io.VarLenFeature does")
     counted = (f"at least {c['nulls']:,} null value(s) (absent features) in the first "
                f"{c['nulls_in_first']:,} records, without a _tf_schema.json to count them all"
                if c.get("nulls_in_first") else f"{c['nulls']:,} null value(s)")
@@ -229,6 +232,8 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         columns.append({"name": spec.name, "arrow_type": arrow, "tf": _tf_text(spec)})
         if plan.schema_file is not None and spec.name in plan.schema_file.null_counts:
             columns[-1]["nulls"] = int(plan.schema_file.null_counts[spec.name])
+            if spec.is_ragged:  # an absent list feature, as tf.io.VarLenFeature reads it
+                columns[-1]["nulls_read_as"] = "empty lists"
     uncounted = [c for c, spec in zip(columns, plan.specs) if "nulls" not in c and not spec.is_ragged]
     if (plan.schema_source == "inferred" and any(s.is_ragged for s in plan.specs)) or uncounted:
         from feeders.tfrecord.files import sample_records

@@ -191,6 +191,17 @@ def test_null_counts_are_shown_with_the_fill_to_pass(tmp_path):
     write_tfrecord_files(pa.table({"score": [1.0, 2.0]}), records, files=1)
     write_schema_file(records, schema)
     assert "score: 7 null value(s)" in _inspect(str(records)).stdout
+    # a list column's absent feature is no refusal: the reader gives an empty list, as
+    # tf.io.VarLenFeature does (inspect said the readers refuse it)
+    import feeders
+
+    lists = tmp_path / "lists"
+    table = pa.table({"ll": pa.array([[1.0], None, [2.0, 3.0]], pa.list_(pa.float32()))})
+    write_tfrecord_files(table, lists, files=1)
+    write_schema_file(lists, TFRecordSchema(specs=column_specs(table.schema), null_counts={"ll": 1}))
+    assert ("ll: 1 null value(s) (absent features): the TFRecord reader reads them as empty "
+            "lists, as tf.io.VarLenFeature does") in _inspect(str(lists)).stdout
+    assert next(iter(feeders.tfrecord_dataset(str(lists))))["ll"].to_list() == [[1.0], [], [2.0, 3.0]]
 
 
 def test_absent_features_of_records_without_a_schema_file_are_shown_as_nulls(tmp_path):
