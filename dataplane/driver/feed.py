@@ -451,6 +451,8 @@ class Feeder:
         try:
             try:
                 self._run_epochs(books, report, clock, progress, t0)
+                # (a cached call spends most of its time here, its replays' limits set)
+                self._settle(books, report, clock)
             except BaseException as e:
                 # a cache this call was recording holds only the rows that arrived: replaying
                 # it in a later call with the same DataFrame would lose the rest, silently
@@ -464,7 +466,6 @@ class Feeder:
                 if isinstance(e, Exception) and not isinstance(e, NodeError) and (cut or gone):
                     self.notes = DataNotes(failed_call=_failed_call_note(e, cut, gone))
                 raise
-            self._settle(books, report, clock)
         except NodeError as e:
             # (main may have failed on the passes a failed call before this one cut short)
             self.notes.after_call(splits, books)
@@ -520,26 +521,31 @@ class Feeder:
         Taking back is in two steps, since under MWMS an epoch may only go if no worker has
         begun it: each node holds the epochs its passes have yielded nothing of (none can be
         claimed or read while held), then every node withdraws those held everywhere and
-        releases the rest."""
+        releases the rest.
+
+        An epoch whose limit is already set is taken back too if no worker has begun it: a
+        cached call's replays get their limits as soon as the caches are known, well before
+        main reads them (Ctrl-C in the middle of train(df, 4, cache=True) left three epochs
+        the user had cancelled for main to train on)."""
         unfinished = [ep for ep in books if ep.limit is None]
-        if not unfinished:
+        if not books:
             return
         held: dict[int, set[int]] = {}
         nodes: list[NodeInfo] = []
         try:
             live = {n.node_id for n in self._live_workers()}
-            nodes = [n for n in unfinished[0].workers if n.node_id in live]
-            numbers = [ep.epoch for ep in unfinished]
+            nodes = [n for n in books[0].workers if n.node_id in live]
+            numbers = [ep.epoch for ep in books]
             held = {nid: set(r["held"]) for nid, r in
                     self._each(nodes, Action.HOLD_EPOCHS, lambda n: {"epochs": numbers}).items()}
-            for ep in unfinished:
+            for ep in books:
                 ep.withdrawn = bool(nodes) and all(ep.epoch in held[n.node_id] for n in nodes)
-            gone = {ep.epoch for ep in unfinished if ep.withdrawn}
+            gone = {ep.epoch for ep in books if ep.withdrawn}
             self._each(nodes, Action.RELEASE_EPOCHS, lambda n: {
                 "withdraw": sorted(held[n.node_id] & gone), "keep": sorted(held[n.node_id] - gone)})
         except BaseException as e:  # noqa: BLE001 - the original error is what the user needs
             logger.warning("could not take back the unbegun epochs of a failed push: %s", e)
-            for ep in unfinished:
+            for ep in books:
                 ep.withdrawn = False
             try:  # a held epoch blocks every pass over its split: let them all be read again
                 self._each([n for n in nodes if held.get(n.node_id)], Action.RELEASE_EPOCHS,

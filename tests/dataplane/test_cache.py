@@ -31,6 +31,42 @@ def _spill_files(cluster) -> list[str]:  # type: ignore[no-untyped-def]
     return [f for d in node_workdirs(cluster.cluster_id) for f in glob.glob(os.path.join(d, "cache", "*.arrow"))]
 
 
+def test_ctrl_c_during_a_cached_call_s_replays_takes_back_the_epochs_not_begun(spark, tmp_path):
+    """train(df, 4, cache=True) interrupted while main reads the first replay: the replays
+    not begun are taken back like a pushed call's epochs (they had their limits already, so
+    main went on to train on all of them), and the next call's epoch is main's next pass."""
+    import _thread
+    import threading
+
+    scenarios = [{"epochs": 3, "batch_size": 16, "sleep": 0.05}]
+    cluster = dataplane.run(spark, cache_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df = _frame(spark, 0, ROWS, 3)
+
+        def ctrl_c_in_the_first_replay() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if all(m["epochs_consumed"] >= 1 for m in cluster.metrics().values()):
+                    break
+                time.sleep(0.05)
+            _thread.interrupt_main()
+
+        threading.Thread(target=ctrl_c_in_the_first_replay, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.train(df, 4, cache=True, feed_timeout=120)
+        report = cluster.train(df, 1, cache=True, feed_timeout=120)
+        # main's third pass is this call's epoch (it read the cancelled third epoch before)
+        assert report.spark_jobs == 0 and report.rows == ROWS, report
+        assert report.rows_unconsumed == {} and report.dropped_for_balance == 0, report
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
+    seen = [wait_json(tmp_path / f"node{n}-s0.json", 10)["train"] for n in range(2)]
+    for p in range(3):  # each pass whole: every row once across the workers
+        assert sorted(seen[0][p] + seen[1][p]) == list(range(ROWS)), (p, [[len(x) for x in s] for s in seen])
+
+
 def test_cached_shuffled_epochs_with_validation_on_two_workers(spark, tmp_path):
     scenarios = [
         {"epochs": 3, "batch_size": 32, "validation": True},  # first call: records, replays
