@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 
 def reap(config_path: str, ready_fd: int) -> int:
@@ -34,10 +36,48 @@ def reap(config_path: str, ready_fd: int) -> int:
     # only the node may hold it open.
     os.close(ready_fd)
     code = node.wait()
+    _end_left_behind()
     # DATAPLANE_KEEP_NODE_DIR=1 keeps config, payload and node.log for debugging.
     if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
         shutil.rmtree(workdir, ignore_errors=True)
     return code
+
+
+def _end_left_behind(grace: float = 2.0) -> None:
+    """End the processes main started and left running (a ``subprocess.Popen`` of its own):
+    they share this reaper's process group (it leads a session of its own), so they would
+    outlive the node, the cluster and the driver. SIGTERM first, then SIGKILL after ``grace``
+    seconds. A process that started a session of its own is out of reach, as intended."""
+    me, group = os.getpid(), os.getpgrp()
+
+    def others() -> list[int]:
+        pids = []
+        for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            # fields after the command: state, ppid, pgrp; a zombie is already gone
+            if int(fields[2]) == group and fields[0] != b"Z":
+                pids.append(int(name))
+        return pids
+
+    left = others()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = others()
+        if not left:
+            return
 
 
 if __name__ == "__main__":

@@ -315,3 +315,23 @@ def passes_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     while not ctx.should_stop:
         for _ in ds:
             pass
+
+
+def spawn_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Start programs and leave them running, as a main that launches a helper tool does: a
+    child, and a shell whose own child sleeps too; record their pids."""
+    import subprocess
+
+    kids = [subprocess.Popen(["sleep", "1000"]), subprocess.Popen(["bash", "-c", "sleep 1001 & wait"])]
+    time.sleep(0.5)  # the shell has started its child
+    pids = [k.pid for k in kids]
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == kids[1].pid:
+                        pids.append(int(name))
+            except OSError:
+                pass
+    _write(os.path.join(args["dir"], f"spawned{ctx.node_id}.json"), {"pids": pids})
+    ctx.wait_stop()

@@ -13,7 +13,7 @@ import pytest
 import dataplane
 from dataplane.topology import assign_roles
 from tests.dataplane.clusterutil import node_processes, node_workdirs, wait_gone, wait_json
-from tests.dataplane.mains import describe_main, temp_main
+from tests.dataplane.mains import describe_main, spawn_main, temp_main
 
 pytestmark = pytest.mark.cluster
 
@@ -119,6 +119,29 @@ def test_roles_keep_the_evaluator_out_of_the_cluster_spec():
     ev = topo.node(3)
     assert topo.tf_config(ev) == {"cluster": topo.cluster_spec, "task": {"type": "evaluator", "index": 0}}
     assert [n.node_id for n in topo.workers] == [1, 2]
+
+
+def test_programs_a_main_left_running_end_with_its_node(spark, tmp_path):
+    # a helper's main started `sleep 1000` and a shell with a child of its own: all of them
+    # outlived shutdown and the driver, reparented to init, for as long as they ran
+    cluster = dataplane.run(spark, spawn_main, {"dir": str(tmp_path)}, num_nodes=1)
+    try:
+        pids = wait_json(tmp_path / "spawned0.json")["pids"]
+        assert len(pids) == 3 and all(_alive(p) for p in pids), pids
+    finally:
+        cluster.shutdown(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def test_bad_arguments_fail_before_anything_starts(spark):
