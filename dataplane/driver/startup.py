@@ -137,8 +137,10 @@ def run(
             gRPC, every call still authenticated by the cluster's secret.
         log_to_driver: print what every node writes to its stdout and stderr (``main``'s
             prints, Keras' progress, TensorFlow's log) on the driver's stderr, each line
-            prefixed with its node, e.g. ``[node 1 worker]``, about once a second. False: it
-            stays in the node's ``node.log``, removed when the node exits.
+            prefixed with its node, e.g. ``[node 1 worker]``, about once a second (up to
+            256 KiB each time: a chattier node lags, and when it ends only its last MiB goes,
+            after a line saying how many bytes were skipped). False: it stays in the node's
+            ``node.log``, removed when the node exits.
 
     Raises:
         ValueError / TypeError: bad arguments.

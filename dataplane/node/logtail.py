@@ -11,10 +11,25 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["LogTail"]
+__all__ = ["LogTail", "clip", "skipped_note"]
 
 BEAT_BYTES = 256 << 10  # at most this much per heartbeat; a chattier node lags, losing nothing
 FINAL_BYTES = 1 << 20  # at most this much in the node's last message; older text is skipped
+
+
+def skipped_note(nbytes: int) -> str:
+    """The line printed where ``nbytes`` of a node's log were not forwarded."""
+    return (f"[... {nbytes} bytes of this node's log were not forwarded (it wrote faster than "
+            f"the heartbeats carry, {BEAT_BYTES >> 10} KiB each) ...]\n")
+
+
+def clip(text: str, limit: int = FINAL_BYTES) -> str:
+    """``text`` cut to its last ``limit`` characters or so, from a whole line on, with a note
+    of what was cut in front."""
+    if len(text) <= limit:
+        return text
+    start = text.find("\n", len(text) - limit) + 1
+    return skipped_note(start) + text[start:]
 
 
 class LogTail:
@@ -36,14 +51,21 @@ class LogTail:
             new = size - self._offset
             if new <= 0:
                 return ""
-            note = ""
-            if final and new > FINAL_BYTES:
-                note = f"[... {new - FINAL_BYTES} bytes of this node's log not forwarded ...]\n"
-                self._offset = size - FINAL_BYTES
-            limit = FINAL_BYTES if final else BEAT_BYTES
+            skipped = 0
+            room = FINAL_BYTES - 1024  # (the note must fit beside the text)
+            if final and new > room:
+                skipped = new - room
+                self._offset = size - room
+            limit = room if final else BEAT_BYTES
             with open(self._path, "rb") as f:
                 f.seek(self._offset)
                 data = f.read(min(size - self._offset, limit))
+            if skipped:  # from the first whole line on: no line arrives cut
+                start = data.find(b"\n") + 1
+                skipped += start
+                self._offset += start
+                data = data[start:]
+            note = skipped_note(skipped) if skipped else ""
             if not final:
                 cut = data.rfind(b"\n")
                 if cut >= 0:

@@ -29,7 +29,7 @@ import traceback
 from typing import Any
 
 from dataplane.node.config import NodeConfig
-from dataplane.node.logtail import FINAL_BYTES, LogTail
+from dataplane.node.logtail import FINAL_BYTES, LogTail, clip
 
 __all__ = ["spawn_detached", "NodeShutdown"]
 
@@ -163,7 +163,7 @@ class _Node:
         fails goes with the next.
         """
         with self._log_lock:
-            text = (self._log_unsent + self._log_text(final=final).get("log", ""))[-FINAL_BYTES:]
+            text = clip(self._log_unsent + self._log_text(final=final).get("log", ""), FINAL_BYTES)
             self._log_unsent = ""
             try:
                 return self._action(client, name, {**body, "log": text} if text else body, timeout=timeout)

@@ -361,8 +361,30 @@ def test_log_tail_sends_whole_lines_then_the_rest(tmp_path):
     with open(path, "ab") as f:
         f.write(b"x" * (FINAL_BYTES + 10) + b"end")
     text = tail.take(final=True)
-    assert text.startswith("[... 13 bytes of this node's log not forwarded ...]\n")
-    assert text.endswith("xend") and len(text.split("\n", 1)[1]) == FINAL_BYTES
+    note = "[... 1037 bytes of this node's log were not forwarded (it wrote faster than the heartbeats carry, 256 KiB each) ...]\n"
+    assert text.startswith(note)
+    assert text.endswith("xend") and len(text) == len(note) + FINAL_BYTES - 1024 <= FINAL_BYTES
+
+
+def test_a_chatty_node_s_last_log_says_what_was_skipped_and_cuts_no_line(tmp_path):
+    # a main that printed 100,000 lines: the driver got the first ~14,000 and the last ~10,000
+    # with no word of the 76,000 between, and the first line after the hole arrived cut (the
+    # note was sliced off with it)
+    from dataplane.node.logtail import FINAL_BYTES, LogTail, clip
+
+    path = tmp_path / "node.log"
+    path.write_bytes(b"".join(b"line %07d of a chatty main\n" % i for i in range(100_000)))
+    tail = LogTail(str(path))
+    beat = tail.take()  # a heartbeat's worth
+    assert beat.endswith("of a chatty main\n")
+    text = clip(tail.take(final=True), FINAL_BYTES)
+    head, first, rest = text.split("\n", 2)
+    assert head.startswith("[... ") and head.endswith(" bytes of this node's log were not forwarded "
+                                                      "(it wrote faster than the heartbeats carry, 256 KiB each) ...]")
+    assert first.startswith("line ") and first.endswith(" of a chatty main") and len(first) == 29, first
+    assert rest.endswith("line 0099999 of a chatty main\n") and len(text) <= FINAL_BYTES
+    # what the heartbeat carried, what was skipped and what the last message carries: the file
+    assert len(beat) + int(head.split()[1]) + len(text) - len(head) - 1 == path.stat().st_size
 
 
 def test_log_text_reaches_the_driver_in_the_order_written(tmp_path):
