@@ -317,7 +317,7 @@ class Cluster:
         self._state = "running"
 
     def _check_running(self, what: str) -> None:
-        doing = "run inference" if what == "inference" else what
+        doing = {"inference": "run inference", "metrics": "read metrics"}.get(what, what)
         if self._state != "running":
             raise ClusterStateError(f"cannot {doing}: the cluster is {self._state}.")
         if what in ("train", "inference"):

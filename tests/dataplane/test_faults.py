@@ -145,6 +145,8 @@ def test_main_raising_on_one_node_and_shutdown_twice(spark, tmp_path):
     wait_gone(pids, 10)
     with pytest.raises(dataplane.ClusterStateError, match="cannot train: the cluster is stopped"):
         cluster.train(make_df(spark, 10, 1))
+    with pytest.raises(dataplane.ClusterStateError, match="cannot read metrics: the cluster is stopped"):
+        cluster.metrics()
 
 
 def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
