@@ -118,7 +118,8 @@ class FeedBuffer:
         self.cache_bytes = int(cache_bytes)
         self._caches: dict[str, EpochCache] = {}
         self._replayer: threading.Thread | None = None
-        # split -> (columns the dataset converts, columns with a fill value), once it is built
+        # split -> (columns the dataset converts, columns with a fill value, columns it
+        # decodes), once it is built
         self._null_rules: dict[str, tuple[frozenset, frozenset, frozenset]] = {}
         self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
         self._cond = threading.Condition()
@@ -127,7 +128,7 @@ class FeedBuffer:
         self._stopped = False
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
-        self._data_waits: list[float] = []  # when each pass now waiting for an epoch began to
+        self._data_waits: list[float] = []  # when each pass now waiting for an epoch began waiting
         self._stalled = 0  # producers waiting on a full buffer right now
         self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
