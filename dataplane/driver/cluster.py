@@ -293,6 +293,11 @@ class Cluster:
             raise failure
 
     def __enter__(self) -> "Cluster":
+        if self._state in ("stopped", "stopping"):
+            # its nodes are gone: every call in the block would fail, one by one
+            raise ClusterStateError(
+                f"cannot enter a with-block: the cluster is {self._state}. Start a new one "
+                "with `with dataplane.run(spark, main, ...) as cluster:`.")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]

@@ -147,6 +147,10 @@ def test_main_raising_on_one_node_and_shutdown_twice(spark, tmp_path):
         cluster.train(make_df(spark, 10, 1))
     with pytest.raises(dataplane.ClusterStateError, match="cannot read metrics: the cluster is stopped"):
         cluster.metrics()
+    # a with-block around a stopped cluster fails at its start, not call by call inside it
+    with pytest.raises(dataplane.ClusterStateError, match="cannot enter a with-block: the cluster is stopped"):
+        with cluster:
+            pass
 
 
 def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
