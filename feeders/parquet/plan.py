@@ -90,11 +90,34 @@ def _read_footer(loc: Location, path: str) -> Any:
             return pq.ParquetFile(f).metadata
     except pa.ArrowInvalid as exc:
         raise StorageError(
-            f"{where} is not a readable Parquet file ({exc}). Remove it from the directory or "
-            f"rewrite it; empty and partially written files are the usual cause."
+            f"{where} is not a readable Parquet file ({exc}). {_what_it_is(loc, path)}"
         ) from exc
     except OSError as exc:
         raise storage_error(exc, "read the Parquet footer of", where) from exc
+
+
+def _what_it_is(loc: Location, path: str) -> str:
+    """What a file without a Parquet footer looks like from its first bytes, and the fix."""
+    import struct
+
+    from formats.tfrecord import masked_crc32c
+
+    try:
+        with loc.filesystem.open_input_file(path) as f:
+            size = f.size()
+            head = f.read(12)
+    except OSError:
+        head, size = b"", -1
+    if size == 0:
+        return "It is empty. Remove it from the directory or rewrite it."
+    if head[:4] == b"PAR1":
+        return ("It begins like Parquet but has no footer: it was partially written (a job "
+                "still writing, or one that failed). Remove it or rewrite it.")
+    if len(head) == 12 and struct.unpack("<I", head[8:])[0] == masked_crc32c(head[:8]):
+        return ("It is a TFRecord file: read TFRecords with feeders.tfrecord_dataset, or point "
+                "parquet_dataset at the Parquet files only.")
+    return ("Remove it from the directory or rewrite it; empty and partially written files are "
+            "the usual cause.")
 
 
 def pandas_index_columns(schema: pa.Schema) -> list[str]:

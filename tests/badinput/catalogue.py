@@ -180,6 +180,14 @@ class bad:
         return d
 
     @staticmethod
+    def cut_short(d: Path, table: pa.Table) -> Path:
+        """A Parquet file whose writer stopped before the footer (a job killed mid-write)."""
+        pq.write_table(table, d / "a.parquet")
+        data = (d / "a.parquet").read_bytes()
+        (d / "a.parquet").write_bytes(data[: len(data) // 2])
+        return d
+
+    @staticmethod
     def drift(d: Path) -> Path:
         pq.write_table(pa.table({"id": [1, 2], "x": [1, 2]}), d / "part-0.parquet")
         pq.write_table(pa.table({"id": [3], "x": ["a"]}), d / "part-1.parquet")
