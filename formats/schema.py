@@ -146,7 +146,10 @@ def _element_type(name: str, t: pa.DataType, where: str) -> tuple[str, tuple[int
     if pa.types.is_decimal(t):
         raise SchemaError(
             f"column {name!r}{where} has type {t}: TensorFlow has no decimal type. "
-            f"Cast it first, e.g. df.withColumn({name!r}, col({name!r}).cast('double'))."
+            f"Cast it first: in Spark df.withColumn({name!r}, col({name!r}).cast('double')); "
+            f"in pandas df[{name!r}] = df[{name!r}].astype('float64') before writing the file. "
+            f"A float keeps about 15 significant digits; to keep every digit, store a scaled "
+            f"integer instead (cents: cast(col * 100 as bigint))."
         )
     if pa.types.is_struct(t) and [f.name for f in t] == list(_SPARK_VECTOR_FIELDS):
         raise SchemaError(
