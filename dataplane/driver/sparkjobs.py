@@ -101,6 +101,8 @@ class SparkJob:
 
     def cancel(self) -> None:
         """Cancel every Spark job started by ``fn`` (running tasks are interrupted)."""
+        if self.future.done():
+            return  # nothing left to cancel (Spark would warn that it found no active job)
         try:
             if is_connect(self.spark):
                 self.spark.interruptTag(self.tag)
