@@ -285,6 +285,29 @@ def _batches_per_item(specs: Sequence[ColumnSpec], signature: Mapping[str, Any],
     return max(1, min(_MAX_BATCHES_PER_ITEM, _ITEM_BYTES // per_batch))
 
 
+class _PassSizes:
+    """The batch counts of a dataset's passes, for the one warning that a pass differs from
+    the first (see ``push_dataset``'s ``check_size``)."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.first: int | None = None  # batches of the first pass, if it was read to its end
+        self.warned = False
+
+    def differs(self, batches: int | None, complete: bool) -> int | None:
+        """Count a pass; the first pass's batches if this one differs and nothing was said
+        yet, else None."""
+        self.passes += 1
+        if self.passes == 1:
+            if complete:
+                self.first = batches
+            return None
+        if self.warned or self.first is None or batches is None or batches == self.first:
+            return None
+        self.warned = True
+        return self.first
+
+
 def push_dataset(
     buffer: FeedBuffer,
     *,
@@ -368,7 +391,6 @@ def push_dataset(
     wanted = cols + ([label] if label is not None else [])
     declared = dict(info.shapes)
     declared.update({k: tuple(v) for k, v in (shapes or {}).items()})
-    declared = {k: v for k, v in declared.items() if k in wanted}
     specs = column_specs(info.schema, columns=wanted, shapes=declared, fill_values=fill_values)
     buffer.expect_columns(split, wanted, (fill_values or {}).keys(), (decode or {}).keys())
     signature = tf_spec(info.schema, columns=wanted, shapes=declared)
@@ -404,20 +426,14 @@ def push_dataset(
             sizes=sizes,
         )
 
-    first_pass: list[int] = []  # batches of the dataset's first pass, if read to its end
-    passes = [0]
+    sizes_seen = _PassSizes()
 
     def check_size(batches: int | None, complete: bool) -> None:
         """Keras fit (tf_keras) takes the steps of a dataset of unknown length from its first
         epoch: a later pass of another length is cut there, or stops fit. Say so once."""
-        passes[0] += 1
-        if passes[0] == 1:
-            if complete and batches is not None:
-                first_pass.append(batches)
+        first = sizes_seen.differs(batches, complete)
+        if first is None:
             return
-        if not first_pass or batches is None or batches == first_pass[0] or len(first_pass) > 1:
-            return
-        first_pass.append(batches)  # warned
         logger.warning(
             "ctx.dataset(split=%r): pass %d has %d batch(es), the dataset's first pass had %d. "
             "Keras fit(ds) takes its steps per epoch from its first epoch: a longer pass is cut "
@@ -425,7 +441,7 @@ def push_dataset(
             "'Your input ran out of data'. Passes differ when train() calls push DataFrames of "
             "different sizes into one fit, or when a failed train() call cut fit's first epoch "
             "short. Push epochs of one size to one fit, or read ctx.dataset(repeat=True) with "
-            "fit(steps_per_epoch=...).", split, passes[0], batches, first_pass[0])
+            "fit(steps_per_epoch=...).", split, sizes_seen.passes, batches, first)
 
     def generator() -> Iterator[dict[str, Any]]:
         stream = buffer.open_stream(split, repeat=repeat)

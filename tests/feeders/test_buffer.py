@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dataplane.errors import FeedError
+from dataplane.errors import FeedError, SchemaError
 from feeders.buffer import ConsumerFinished, EpochInfo, FeedBuffer, FeedStopped
 from feeders.push import split_counts
 from feeders.source import iterate_epoch
@@ -267,6 +267,22 @@ def test_a_validation_split_cannot_be_one_stream():
     # raised at once: nothing was announced, and the call did not wait for an epoch
     assert buf.snapshot()["epochs_begun"] == 0
 
+
+
+def test_a_shape_for_a_column_the_feed_lacks_is_refused_like_a_fill_value():
+    # ctx.dataset(shapes={"imgae": ...}) was dropped without a word, and the image then arrived
+    # without its shape; fill_values with that typo were already refused
+    from feeders.source import push_dataset
+
+    schema = pa.schema([("id", pa.int64()), ("image", pa.list_(pa.float32()))])
+    buf = FeedBuffer(1 << 20)
+    buf.begin_epoch(EpochInfo(0, schema))
+    with pytest.raises(SchemaError, match=r"shapes/fill_values name column 'imgae', which the data "
+                                          r"does not have; its columns are \['id', 'image'\]"):
+        push_dataset(buf, batch_size=8, num_workers=1, shapes={"imgae": (2, 2)})
+    # the right name, and a shape for a column this dataset leaves out, are both taken
+    ds = push_dataset(buf, batch_size=8, num_workers=1, features="id", shapes={"image": (2, 2)})
+    assert ds.element_spec.shape.as_list() == [None]
 
 
 def test_a_list_of_labels_is_refused_with_the_multi_output_recipe():
