@@ -461,6 +461,43 @@ def tf_spec(
 _MICROS_PER = {"s": 1_000_000, "ms": 1_000, "us": 1}
 
 
+INT96_UNIT = "us"
+"""The unit every Parquet reader here gives Spark's legacy INT96 timestamps (pyarrow's
+``coerce_int96_timestamp_unit``): microseconds, as Spark reads them. pyarrow's default,
+nanoseconds, wraps around outside 1677-2262 without a word (9999-12-31, a common "no end"
+date, read as 1816)."""
+
+
+def parquet_arrow_schema(metadata: Any) -> pa.Schema:
+    """The Arrow schema of a Parquet footer (``pyarrow.parquet.FileMetaData``) as the readers
+    here read the file: INT96 timestamps in :data:`INT96_UNIT`, at any depth."""
+    schema = metadata.schema.to_arrow_schema()
+    pschema = metadata.schema
+    int96 = {i for i in range(len(pschema)) if pschema.column(i).physical_type == "INT96"}
+    if not int96:
+        return schema
+    leaves = iter(range(len(pschema)))  # Arrow's leaves in Parquet's column order
+
+    def fix(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(t):
+            return pa.struct([t.field(i).with_type(fix(t.field(i).type)) for i in range(t.num_fields)])
+        if pa.types.is_map(t):
+            return pa.map_(t.key_field.with_type(fix(t.key_type)), t.item_field.with_type(fix(t.item_type)))
+        if pa.types.is_fixed_size_list(t):
+            return pa.list_(t.value_field.with_type(fix(t.value_type)), t.list_size)
+        if pa.types.is_large_list(t):
+            return pa.large_list(t.value_field.with_type(fix(t.value_type)))
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(fix(t.value_type)))
+        leaf = next(leaves)
+        if leaf in int96 and pa.types.is_timestamp(t):
+            return pa.timestamp(INT96_UNIT, t.tz)
+        return t
+
+    fields = [f.with_type(fix(f.type)) for f in schema]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
 def timestamps_as_micros(name: str, arr: pa.Array) -> pa.Array:
     """A timestamp array in microseconds (``timestamp[us]``, same time zone), whatever its unit.
 

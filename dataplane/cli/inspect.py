@@ -121,14 +121,15 @@ def _shape_hints(table: Any, specs: Any, columns: list[dict[str, Any]], seen_in:
 def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
     import pyarrow.parquet as pq
 
-    from formats.schema import column_specs
+    from formats.schema import INT96_UNIT, column_specs
 
     in_files = [c["name"] for c in columns if c.get("tf") and c["name"] in plan.file_schema.names]
     ragged = [s for s in column_specs(plan.schema, columns=in_files) if s.is_ragged] if in_files else []
     if not ragged or not plan.files or not plan.metadata[0].num_row_groups:
         return
     with plan.location.filesystem.open_input_file(plan.files[0]) as f:
-        table = pq.ParquetFile(f).read_row_group(0, columns=[s.name for s in ragged])
+        table = pq.ParquetFile(f, coerce_int96_timestamp_unit=INT96_UNIT).read_row_group(
+            0, columns=[s.name for s in ragged])
     _shape_hints(table, ragged, columns, "the first row group")
 
 

@@ -38,7 +38,7 @@ from formats.fs import Location, storage_error
 from formats.hive import HiveColumns, add_constant_columns
 from formats.parquet_pages import PagesRefused, chunk_layout, iter_page_values
 from formats.pool import BufferPool
-from formats.schema import ColumnSpec, is_list_type
+from formats.schema import INT96_UNIT, ColumnSpec, is_list_type
 
 __all__ = ["paged_columns", "PagedChunks"]
 
@@ -134,7 +134,7 @@ class PagedChunks:
             raise storage_error(exc, "open", where) from exc
         pages = None
         try:
-            pf = pq.ParquetFile(f, pre_buffer=remote)
+            pf = pq.ParquetFile(f, pre_buffer=remote, coerce_int96_timestamp_unit=INT96_UNIT)
             check_file(self.loc, path, pf.schema_arrow, self.schema,
                        self.hive.in_files(self.names))
             pages = None if remote else self.loc.filesystem.open_input_file(path)

@@ -22,7 +22,7 @@ from feeders.shard import normalize_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, listing_root, parquet_files, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
-from formats.schema import ColumnSpec, fill_example
+from formats.schema import ColumnSpec, fill_example, parquet_arrow_schema
 
 __all__ = ["ParquetPlan", "plan_parquet", "plain_schema", "check_nulls", "null_counts", "check_file", "chunk_rows_for"]
 
@@ -135,9 +135,9 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def _check_same_schema(loc: Location, files: list[str], metas: list[Any], names: Sequence[str]) -> None:
-    first = plain_schema(metas[0].schema.to_arrow_schema())
+    first = plain_schema(parquet_arrow_schema(metas[0]))
     for path, meta in zip(files[1:], metas[1:]):
-        other = plain_schema(meta.schema.to_arrow_schema())
+        other = plain_schema(parquet_arrow_schema(meta))
         for name in names:
             i, j = first.get_field_index(name), other.get_field_index(name)
             if j < 0:
@@ -160,10 +160,10 @@ def _check_no_extra_columns(loc: Location, files: list[str], metas: list[Any], s
     dropped without a word: the columns come from the first file's footer."""
     known = set(schema.names)
     for path, meta in zip(files[1:], metas[1:]):
-        extra = [n for n in meta.schema.to_arrow_schema().names
+        extra = [n for n in parquet_arrow_schema(meta).names
                  if n not in known and not re.fullmatch(r"__index_level_\d+__", n)]
         if extra:
-            names = [set(m.schema.to_arrow_schema().names) for m in metas]
+            names = [set(parquet_arrow_schema(m).names) for m in metas]
             common = sorted(n for n in known if all(n in have for have in names)
                             and not re.fullmatch(r"__index_level_\d+__", n))
             raise SchemaError(
@@ -265,7 +265,7 @@ def plan_parquet(
     else:
         with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
             metas = list(pool.map(lambda p: _read_footer(loc, p), files))
-    first = metas[0].schema.to_arrow_schema()
+    first = parquet_arrow_schema(metas[0])
     schema = plain_schema(first)
     skipped = [c for c in pandas_index_columns(first) if columns is None or c not in columns]
     names = list(columns) if columns is not None else [n for n in schema.names if n not in skipped]

@@ -11,7 +11,7 @@ from feeders.parquet.plan import check_file
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, storage_error
 from formats.hive import HiveColumns, add_constant_columns
-from formats.schema import ColumnSpec, to_numpy
+from formats.schema import INT96_UNIT, ColumnSpec, to_numpy
 
 __all__ = ["scan_batches", "exact_batches", "to_arrays"]
 
@@ -46,7 +46,8 @@ def scan_batches(
 
     remote = loc.scheme != "file"
     fmt = pds.ParquetFileFormat(
-        default_fragment_scan_options=pds.ParquetFragmentScanOptions(pre_buffer=remote)
+        read_options=pds.ParquetReadOptions(coerce_int96_timestamp_unit=INT96_UNIT),
+        default_fragment_scan_options=pds.ParquetFragmentScanOptions(pre_buffer=remote),
     )
     fs = loc.filesystem
     frags = []

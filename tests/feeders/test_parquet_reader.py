@@ -135,6 +135,43 @@ def test_pandas_nanosecond_timestamps_read_as_the_microseconds_their_export_hold
     assert pulled == exported == [0, 0, 4, -1]
 
 
+def test_spark_int96_timestamps_beyond_nanoseconds_read_as_spark_reads_them(spark, tmp_path):
+    # Spark writes timestamps as INT96 by default; pyarrow read them as nanoseconds, which wrap
+    # around outside 1677-2262: 9999-12-31 (a common "no end" date) came back as 1816, silently,
+    # from the reader, its TFRecord export and inspect (which said timestamp[ns])
+    import formats
+    from dataplane.cli.inspect import describe
+
+    df = spark.sql(
+        "SELECT id, CAST(t AS TIMESTAMP) AS t, array(CAST(t AS TIMESTAMP)) AS ts FROM VALUES "
+        "(0, '9999-12-31 23:59:59'), (1, '2262-04-12 00:00:00'), (2, '1600-01-01 00:00:00'), "
+        "(3, '2024-05-06 07:08:09.123456') AS v(id, t)")
+    src = str(tmp_path / "src")
+    keys = ("spark.sql.parquet.int96RebaseModeInWrite", "spark.sql.parquet.int96RebaseModeInRead")
+    before = [spark.conf.get(k, None) for k in keys]
+    for k in keys:  # Spark 3.5 refuses dates before 1900 in INT96 unless told the calendar
+        spark.conf.set(k, "CORRECTED")
+    try:
+        df.coalesce(1).write.option("compression", "none").parquet(src)
+        want = [r[0] for r in spark.read.parquet(src).orderBy("id").selectExpr("unix_micros(t)").collect()]
+    finally:
+        for k, v in zip(keys, before):
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+    data = [p for p in (tmp_path / "src").iterdir() if p.suffix == ".parquet"]
+    meta = pq.ParquetFile(data[0]).metadata.schema
+    assert [meta.column(i).physical_type for i in range(len(meta))] == ["INT32", "INT96", "INT96"]
+    assert want[0] == 253_402_300_799_000_000 and want[2] == -11_676_096_000_000_000
+    got = next(iter(feeders.parquet_dataset(src, batch_size=10)))
+    assert got["t"].dtype.name == "int64" and got["t"].numpy().tolist() == want
+    assert got["ts"].numpy().tolist() == [[w] for w in want]
+    formats.parquet_to_tfrecords(spark, src, str(tmp_path / "tfr"))
+    exported = next(iter(feeders.tfrecord_dataset(str(tmp_path / "tfr"), batch_size=10)))
+    order = np.argsort(exported["id"].numpy())
+    assert exported["t"].numpy()[order].tolist() == want
+    types = {c["name"]: c["arrow_type"] for c in describe(src)["columns"]}
+    assert types["t"] == "timestamp[us]" and types["ts"] == "list<element: timestamp[us]>", types
+
+
 def test_a_file_rewritten_without_a_column_after_planning_is_named(tmp_path):
     files = write_parquet_files(numeric_table(400), tmp_path, files=2)
     ds = feeders.parquet_dataset(tmp_path, batch_size=100)
