@@ -49,6 +49,7 @@ __all__ = [
     "RaggedColumn",
     "column_specs",
     "untensorable_columns",
+    "check_unique_names",
     "column_array",
     "list_offsets",
     "declare_shapes",
@@ -359,8 +360,9 @@ def column_specs(
             made = " (one made by flatten_structs from a struct's field)" if flatten_structs else ""
             raise SchemaError(
                 f"column name {name!r} appears {schema.names.count(name)} times in the data"
-                f"{made}; a tensor needs one column per name. Rename or drop one of them first "
-                f"(df.withColumnRenamed / df.drop, or pyarrow's table.rename_columns)."
+                f"{made}; a tensor needs one column per name. Rename one of them first: in "
+                f"Spark df.toDF(*names) renames by position (withColumnRenamed and drop would "
+                f"take both); in pyarrow table.rename_columns(names)."
             )
         if idx < 0:
             raise SchemaError(
@@ -373,6 +375,23 @@ def column_specs(
         check_fill_value(name, dtype, fill_values.get(name))
         specs.append(ColumnSpec(name, dtype, shape, rr, fill_values.get(name), arrow_type))
     return specs
+
+
+def check_unique_names(schema: pa.Schema, what: str) -> None:
+    """Raise SchemaError if a column name appears more than once (a join's ``select(a.x, b.x)``):
+    each column becomes the tensor of its name. ``what`` says what sends the columns."""
+    names = list(schema.names)
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is None:
+        return
+    at = [i for i, n in enumerate(names) if n == dup]
+    renamed = [f"{n}_{at.index(i) + 1}" if n == dup else n for i, n in enumerate(names)]
+    raise SchemaError(
+        f"column name {dup!r} appears {len(at)} times in the DataFrame {what} (at positions "
+        f"{at}; a join keeps a column of each side), but each column becomes the tensor of its "
+        f"name. Give each its own name first: df.toDF({', '.join(repr(n) for n in renamed)}) "
+        f"renames by position (withColumnRenamed would rename both)."
+    )
 
 
 def untensorable_columns(schema: pa.Schema, names: Sequence[str] | None = None) -> list[tuple[str, SchemaError]]:

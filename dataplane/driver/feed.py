@@ -901,8 +901,9 @@ def _check_column_types(schema: pa.Schema, what: str) -> None:
     """Every column must have a TensorFlow type: the pushing job sends them all. The error
     names the first bad column, says how to convert it, and lists every column that cannot
     go, for the program that reads only some columns to drop the rest."""
-    from formats.schema import untensorable_columns
+    from formats.schema import check_unique_names, untensorable_columns
 
+    check_unique_names(schema, f"{what} pushes")
     bad = untensorable_columns(schema)
     if bad:
         names = ", ".join(repr(n) for n, _ in bad)

@@ -157,8 +157,9 @@ def _tensor_columns(schema: pa.Schema, send: list[str], passthrough: Sequence[st
     have a TensorFlow type. By default (every column) a passthrough column that has none (a
     decimal key, a map of attributes) is left out, since predict could not read it and it
     reaches the output from Spark's side; any other such column fails, naming the fix."""
-    from formats.schema import untensorable_columns
+    from formats.schema import check_unique_names, untensorable_columns
 
+    check_unique_names(schema, "inference reads")
     untensorable = untensorable_columns(schema, send)
     left_out = {n for n, _ in untensorable}
     keep = [n for n in send if n not in left_out]

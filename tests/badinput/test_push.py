@@ -140,6 +140,13 @@ CASES = [
          _train("SELECT id, map('a', id) AS m, CAST(id AS FLOAT) AS f, named_struct('a', id) AS s "
                 "FROM range(10)"),
          SchemaError, ("column 'm'", "map_keys()", "pushes every column", "df.drop('m', 's')")),
+    # after a join, select(a.id, a.x, b.x): a bare KeyError "Column x does not exist in schema"
+    Case(TR, "a-name-twice", _train("SELECT id, CAST(id AS FLOAT) AS f, CAST(id AS DOUBLE) AS f FROM range(10)"),
+         SchemaError, ("column name 'f' appears 2 times", "train() pushes", "positions [1, 2]",
+                       "df.toDF('id', 'f_1', 'f_2')"), after=_still_trains),
+    Case(INF, "a-name-twice",
+         _infer("SELECT id, CAST(id AS FLOAT) AS f, CAST(id AS DOUBLE) AS f FROM range(10)"),
+         SchemaError, ("column name 'f' appears 2 times", "inference reads", "df.toDF('id', 'f_1', 'f_2')")),
     Case(TR, "struct-column", _train("SELECT id, named_struct('a', id) AS s FROM range(10)"),
          SchemaError, ("'s'",)),
     Case(TR, "num-epochs-zero", _train(num_epochs=0), ValueError, ("num_epochs", "0")),
