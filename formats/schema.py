@@ -570,6 +570,12 @@ def _flat_values(name: str, arr: pa.Array, spec: ColumnSpec, *, elements: bool =
     if pa.types.is_timestamp(t) or pa.types.is_date32(t):
         arr = arr.cast(pa.int64() if pa.types.is_timestamp(t) else pa.int32())
     if spec.dtype == "string":
+        # as bytes: TF strings are bytes, and text Spark holds need not be valid UTF-8
+        # (CAST(X'FF61' AS STRING)), which decoding to Python str refused
+        if pa.types.is_string(t):
+            arr = arr.view(pa.binary())
+        elif pa.types.is_large_string(t):
+            arr = arr.view(pa.large_binary())
         return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=object)
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=spec.dtype)
 

@@ -199,6 +199,8 @@ def schema_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
                 assert (feats["grid"].numpy() == want).all(), feats["grid"]
                 jag = feats["jag"]
                 assert jag.flat_values.numpy().tolist() == [k for i in ids for k in range(i % 3 + 1)]
+            if "raw" in feats:
+                assert feats["raw"].numpy().tolist() == [bytes([0xFF, i % 10]) for i in ids], feats["raw"]
         if not rows and ctx.should_stop:
             break
         _write(os.path.join(args["dir"], f"node{ctx.node_id}-epoch{epoch}.json"),

@@ -31,6 +31,9 @@ def _frame(spark, rows: int, *, null_score_without_fill: bool = False):
         # whose inner lengths vary stay ragged
         "transform(sequence(0, 1), i -> transform(sequence(0, 2), j -> cast(id + 3 * i + j as float))) as grid",
         "array(sequence(0, cast(id % 3 as int))) as jag",
+        # text that is not UTF-8 (Spark takes CAST(X'FF..' AS STRING)): the node failed with
+        # "ArrowException: Wrapping ... failed"; TF strings are bytes, so the bytes arrive
+        "cast(unhex(concat('FF', lpad(hex(id % 10), 2, '0'))) as string) as raw",
     )
 
 
@@ -53,6 +56,7 @@ def test_strings_binary_declared_shapes_and_fill_values(spark, tmp_path):
             "day": {"dtype": "int32", "shape": []},
             "grid": {"dtype": "float32", "shape": [2, 3]},
             "jag": {"dtype": "int32", "shape": [None, None]},
+            "raw": {"dtype": "string", "shape": []},
         }
 
 

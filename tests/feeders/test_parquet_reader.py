@@ -172,6 +172,18 @@ def test_spark_int96_timestamps_beyond_nanoseconds_read_as_spark_reads_them(spar
     assert types["t"] == "timestamp[us]" and types["ts"] == "list<element: timestamp[us]>", types
 
 
+def test_text_that_is_not_utf8_arrives_as_its_bytes(tmp_path):
+    # Spark and pyarrow write such strings (CAST(X'FF61' AS STRING)); the reader failed with
+    # "ArrowException: Unknown error: Wrapping \xffa failed", naming no column
+    raw = pa.array([b"\xffa", b"ok", "\u00e9".encode()], pa.binary()).view(pa.string())
+    lists = pa.ListArray.from_arrays(pa.array([0, 1, 1, 2], pa.int32()),
+                                     pa.array([b"\xfe", b"x"], pa.binary()).view(pa.string()))
+    pq.write_table(pa.table({"s": raw, "l": lists}), tmp_path / "a.parquet")
+    got = next(iter(feeders.parquet_dataset(tmp_path, batch_size=10)))
+    assert got["s"].numpy().tolist() == [b"\xffa", b"ok", b"\xc3\xa9"]
+    assert got["l"].to_list() == [[b"\xfe"], [], [b"x"]]
+
+
 def test_a_file_rewritten_without_a_column_after_planning_is_named(tmp_path):
     files = write_parquet_files(numeric_table(400), tmp_path, files=2)
     ds = feeders.parquet_dataset(tmp_path, batch_size=100)
