@@ -130,10 +130,17 @@ class _ModelWriter(DefaultParamsWriter):
         super().saveImpl(path)
         model = self.instance.getOrDefault(self.instance.modelPath) if self.instance.isDefined(
             self.instance.modelPath) else None
-        if not model or "://" in model or not os.path.exists(model):
-            if model:
-                logger.warning("TFModel.save: %s is not a local file; the saved stage refers to "
-                               "it and needs it to stay there", model)
+        held = getattr(self.instance, "_held_files", None)
+        if model and held is not None and held.root == model and not os.path.exists(model):
+            # saved with overwrite onto the folder it was loaded from: the writer (this one, or
+            # a PipelineModel's) deleted that folder, model included, before this ran
+            held.restore()
+        if not model:
+            return
+        if "://" in model or not os.path.exists(model):
+            logger.warning("TFModel.save: %s %s; the saved stage refers to it and needs it to be "
+                           "there when loaded", model,
+                           "is not a local file" if "://" in model else "does not exist")
             return
         try:
             local = _local_dir(path)
@@ -142,6 +149,8 @@ class _ModelWriter(DefaultParamsWriter):
                            "and needs it to stay there", path, model)
             return
         dest = os.path.join(local, _MODEL_COPY, os.path.basename(model.rstrip("/")))
+        if os.path.abspath(dest) == os.path.abspath(model):
+            return  # saved where it was loaded from: the copy is in place
         if os.path.isdir(model):
             shutil.copytree(model, dest, dirs_exist_ok=True)
         else:
@@ -159,8 +168,55 @@ class _ModelReader(DefaultParamsReader):
         if os.path.isdir(folder):
             entries = sorted(os.listdir(folder))
             if entries:
-                instance._set(modelPath=os.path.abspath(os.path.join(folder, entries[0])))
+                model = os.path.abspath(os.path.join(folder, entries[0]))
+                instance._set(modelPath=model)
+                instance._held_files = _HeldFiles(model)
         return instance
+
+
+class _HeldFiles:
+    """Open descriptors of a loaded model's files (``root``: a file or a SavedModel folder).
+
+    ``m = PipelineModel.load(p); m.write().overwrite().save(p)`` deletes ``p``, and the model
+    copy inside it, before any stage writes; the model would be lost for good. An open file
+    keeps its contents readable after it is deleted (POSIX), so :meth:`restore` writes them back.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.files: dict[str, Any] = {}
+        try:
+            if os.path.isdir(root):
+                for folder, _, names in os.walk(root):
+                    for name in names:
+                        full = os.path.join(folder, name)
+                        self.files[os.path.relpath(full, root)] = open(full, "rb")  # noqa: SIM115
+            else:
+                self.files[""] = open(root, "rb")  # noqa: SIM115
+        except OSError:  # unreadable: nothing held, the save then warns as for a missing model
+            self.close()
+
+    def restore(self) -> None:
+        for rel, f in self.files.items():
+            dest = os.path.join(self.root, rel) if rel else self.root
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            f.seek(0)
+            with open(dest, "wb") as out:
+                shutil.copyfileobj(f, out, 1 << 20)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+
+    def __del__(self) -> None:  # with the last model holding it, quietly
+        self.close()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_HeldFiles":
+        return self  # read-only: copies of the model share them
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "files": {}}  # open files do not travel
 
 
 def _without_file_scheme(path: str) -> str:

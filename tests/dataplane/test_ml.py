@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from pyspark.ml import Pipeline, PipelineModel
@@ -175,6 +177,14 @@ def test_each_fit_keeps_its_own_model_and_a_saved_model_its_copy(spark, tmp_path
     loaded = PipelineModel.load(str(tmp_path / "pm"))
     assert loaded.stages[0].getModelPath().startswith(str(tmp_path / "pm"))
     assert predicted(loaded) == {11.0}  # the saved stage holds its own copy
+    # saved with overwrite onto the folder it was loaded from: the writer deletes the folder,
+    # the model's copy included, before the stage writes, and the model was lost for good
+    loaded.write().overwrite().save(str(tmp_path / "pm"))
+    again = PipelineModel.load(str(tmp_path / "pm"))
+    assert predicted(again) == {11.0}
+    stage = str(tmp_path / "pm" / "stages" / os.listdir(tmp_path / "pm" / "stages")[0])
+    TFModel.load(stage).write().overwrite().save(stage)  # a bare stage, the same way
+    assert predicted(TFModel.load(stage)) == {11.0}
     # nothing to train on: refused before any node starts
     with pytest.raises(ValueError, match=r"TFEstimator.fit: the DataFrame has no rows"):
         est.fit(df.limit(0))
