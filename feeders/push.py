@@ -319,7 +319,8 @@ class PartitionInferrer:
         client = task_client(loc, tls_root_certs=self.tls_root_certs)
         desc = flight.FlightDescriptor.for_command(InferCommand(partition=part).encode())
         try:
-            writer, reader = client.do_exchange(desc, options=call_options(self.secret, self.timeout))
+            # no deadline on the call: a partition may take longer than one answer may
+            writer, reader = client.do_exchange(desc, options=call_options(self.secret, None))
         except flight.FlightError as e:
             raise FeedError(
                 f"inference: cannot reach node {node_id} at {loc}: {flight_message(e)}. "
@@ -327,6 +328,7 @@ class PartitionInferrer:
             ) from e
         begun = False
         seq = 0
+        watch = _AnswerDeadline(reader, self.timeout)
         try:
             for batch in batches:
                 for start in range(0, batch.num_rows, self.max_rows):
@@ -334,11 +336,13 @@ class PartitionInferrer:
                     request = pa.RecordBatch.from_arrays(
                         [chunk.column(c) for c in self.send_columns], names=list(self.send_columns)
                     )
+                    watch.waiting()
                     if not begun:
                         writer.begin(request.schema)
                         begun = True
                     writer.write_with_metadata(request, pa.py_buffer(str(seq).encode()))
                     reply = reader.read_chunk()
+                    watch.answered()
                     got = reply.app_metadata.to_pybytes().decode() if reply.app_metadata else ""
                     if got != str(seq) or reply.data is None or reply.data.num_rows != chunk.num_rows:
                         raise FeedError(
@@ -354,7 +358,17 @@ class PartitionInferrer:
                 writer.done_writing()
             writer.close()
             writer = None
-        except flight.FlightError as e:
+        except Exception as e:
+            if watch.expired:  # however the cancelled call surfaced (read or write)
+                raise FeedError(
+                    f"inference: node {node_id} did not answer request {seq} of partition {part} "
+                    f"(up to max_rows={self.max_rows} rows) within feed_timeout={self.timeout:g} s. "
+                    f"Its main is not in ctx.serve (still busy, or it never calls it), or predict "
+                    f"takes longer than that for one request: lower max_rows or raise "
+                    f"feed_timeout. cluster.metrics() says which nodes are serving."
+                ) from e
+            if not isinstance(e, flight.FlightError):
+                raise
             # a node that answered with predict's error (or a misfit answer) needs no guess
             # about dead nodes or lazy DataFrames; one that is gone or stopping does
             answered = isinstance(e, flight.FlightServerError) and Refusal.NODE_STOPPING.value not in str(e)
@@ -363,8 +377,52 @@ class PartitionInferrer:
                 f"{flight_message(e)}" + ("" if answered else f". {_INFER_HINT}")
             ) from e
         finally:
+            watch.close()
             if writer is not None:  # a failure or an early stop (a limit()): once per retry
                 _close_quietly(writer)
+
+
+class _AnswerDeadline:
+    """Cancels an inference exchange once one answer has been awaited ``timeout`` seconds
+    (None: never). A deadline on the whole call would also end a long partition that is
+    answered steadily; this bounds each request instead."""
+
+    def __init__(self, reader: Any, timeout: float | None) -> None:
+        import threading
+
+        self._reader = reader
+        self._timeout = timeout
+        self._since: float | None = None
+        self.expired = False
+        self._done = threading.Event()
+        if timeout is not None:
+            threading.Thread(target=self._watch, name="dataplane-answer-deadline", daemon=True).start()
+
+    def waiting(self) -> None:
+        import time
+
+        self._since = time.monotonic()
+
+    def answered(self) -> None:
+        self._since = None
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        import time
+
+        assert self._timeout is not None
+        tick = min(0.5, self._timeout / 4)
+        while not self._done.wait(tick):
+            since = self._since
+            if since is not None and time.monotonic() - since > self._timeout:
+                self.expired = True
+                try:
+                    self._reader.cancel()
+                except Exception:  # noqa: BLE001 - the call may have ended meanwhile
+                    pass
+                return
 
 
 def _first_overflow(before: pa.Array, after: pa.Array) -> float | None:

@@ -205,7 +205,10 @@ class Cluster:
                 from a 4-row probe. Required for a streaming ``df``, whose result is then a
                 stream too. A float answer beyond a float32 output's range is an error, not
                 infinity.
-            feed_timeout: per-call deadline for the node's answers.
+            feed_timeout: seconds to wait for each answer (one request of up to ``max_rows``
+                rows, and the probe); a node that is not serving, or a predict slower than
+                that, fails the job with a FeedError naming the node. Requests go to the nodes
+                serving when this is called (to every chief and worker if none is yet).
             max_rows: rows per request batch (a positive int).
 
         Raises:

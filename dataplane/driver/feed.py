@@ -891,6 +891,17 @@ class Feeder:
         """The chief and workers whose main still runs."""
         return self._live_workers()
 
+    def serving_workers(self) -> list[NodeInfo]:
+        """The live chief and workers whose main is in ``ctx.serve`` now (by their metrics)."""
+        out = []
+        for n in self._live_workers():
+            try:
+                if self._action(n, Action.METRICS.value, {}, timeout=10.0).get("serving"):
+                    out.append(n)
+            except Exception:  # noqa: BLE001 - not answering: not one to route requests to
+                continue
+        return out
+
     def inference(self, df: Any, **kw: Any) -> Any:
         from dataplane.driver.inference import inference
 

@@ -79,6 +79,9 @@ def inference(
     servers = feeder.live_workers()
     if not servers:
         raise FeedError("no chief or worker node is running main, so nothing can answer inference.")
+    # requests go to the nodes already serving, if any: a worker whose main is still busy
+    # (loading its model, training) would hold its share of the partitions until it serves
+    servers = feeder.serving_workers() or servers
     schema_from = "probe" if output_schema is None else "output_schema"
     if output_schema is None:
         output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
@@ -97,6 +100,7 @@ def inference(
         passthrough=passthrough,
         output_schema_ipc=out_schema.serialize().to_pybytes(),
         max_rows=max_rows,
+        timeout=feed_timeout,
         tls_root_certs=feeder.tls_root,
         schema_from=schema_from,
     )

@@ -218,6 +218,16 @@ def slow_serve_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     ctx.serve(predict)
 
 
+def chief_serves_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """The chief serves at once; the other nodes stay busy (a slow model load, training) and
+    poll ``ctx.should_stop``."""
+    if ctx.role == "chief":
+        ctx.serve(lambda batch: {"y": batch["x"] * 2.0})
+        return
+    while not ctx.should_stop:
+        time.sleep(0.1)
+
+
 def raise_mid_feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Node ``args['node']`` raises after a few batches; the others consume everything."""
     for i, _ in enumerate(ctx.dataset(batch_size=64)):

@@ -19,6 +19,7 @@ import dataplane
 from dataplane.errors import ClusterStateError, NodeError, ReservationError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 from tests.dataplane.mains import (
+    chief_serves_main,
     describe_main,
     early_main,
     feed_main,
@@ -328,6 +329,35 @@ def test_inference_fails_fast_on_a_main_waiting_in_ctx_dataset_for_more_epochs(s
             msg = str(info.value)
             assert "in ctx.dataset() for the driver's next cluster.train() call (it read every epoch " \
                    "pushed so far) instead of serving inference" in msg, (call, msg[-2000:])
+
+
+def test_inference_goes_to_serving_nodes_and_a_request_unanswered_for_feed_timeout_fails(spark):
+    # A worker whose main was still busy (not yet in ctx.serve) held its share of the
+    # partitions with no deadline: feed_timeout reached only the driver's probe, and the job
+    # hung until shutdown. Requests now go to the nodes already serving, and each answer is
+    # awaited feed_timeout seconds at most.
+    df = spark.range(0, 400, 1, 4).selectExpr("id", "cast(id as double) as x")
+    schema = pa.schema([("y", pa.float64())])
+    cluster = dataplane.run(spark, chief_serves_main, {}, num_nodes=2)
+    try:
+        deadline = time.monotonic() + 60
+        while not cluster.metrics()[0].get("serving") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        rows = cluster.inference(df, passthrough=("id",), output_schema=schema, feed_timeout=60).collect()
+        assert time.monotonic() - t0 < 50
+        assert sorted((r.id, r.y) for r in rows) == [(i, 2.0 * i) for i in range(400)]
+        assert cluster.metrics()[1]["serving"] is False
+    finally:
+        cluster.shutdown(timeout=5)
+    with dataplane.run(spark, slow_serve_main, {"delay": 20.0}, num_nodes=1, stop_grace=2) as cluster:
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(df, passthrough=("id",), output_schema=schema, feed_timeout=2).count()
+        assert time.monotonic() - t0 < 15  # each try of the task (the suite's master retries) 2 s
+        msg = str(info.value)
+        assert "node 0 did not answer request 0 of partition" in msg, msg[-2000:]
+        assert "within feed_timeout=2 s" in msg and "lower max_rows or raise feed_timeout" in msg, msg[-2000:]
 
 
 def test_main_returning_early_ends_the_feed_cleanly(spark, tmp_path):
