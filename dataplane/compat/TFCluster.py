@@ -470,7 +470,8 @@ class TFCluster:
         With InputMode.TENSORFLOW, first wait until every chief/worker ``map_fun`` has returned
         (up to ``timeout`` s; -1: no limit), as TFoS does. ``grace_secs``: seconds to wait after
         that before the nodes are stopped (their ``map_fun`` also gets ``stop_grace`` seconds
-        after the feed ends).
+        after the feed ends). A ``map_fun`` still busy when ``timeout`` runs out is stopped
+        then (TFoS ended the whole application), its process ``stop_grace`` seconds later.
 
         Raises:
             NodeError: a node's ``map_fun`` raised.
@@ -486,7 +487,9 @@ class TFCluster:
         if grace_secs:
             time.sleep(grace_secs)
         remaining = 300.0 if deadline is None else max(deadline - time.monotonic(), 10.0)
-        self.cluster.shutdown(timeout=remaining)
+        # as in TFoS, timeout bounds the shutdown: a map_fun still busy then (one that never
+        # reads its DataFeed again) is stopped, after stop_grace seconds with its process
+        self.cluster.shutdown(timeout=remaining, _stop_busy=deadline is not None)
 
     def _wait_for_workers(self, deadline: float | None) -> None:
         workers = {n.node_id for n in self.cluster.nodes if n.role in ("chief", "worker")}

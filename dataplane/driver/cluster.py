@@ -235,7 +235,7 @@ class Cluster:
                 out[n.node_id] = {"error": str(e)}
         return out
 
-    def shutdown(self, timeout: float = 60.0, *, drain: bool = True) -> None:
+    def shutdown(self, timeout: float = 60.0, *, drain: bool = True, _stop_busy: bool = False) -> None:
         """Stop every node and wait (up to ``timeout`` s) until each process has exited.
 
         The chief and workers first get to finish what they are doing (training on the epochs
@@ -254,7 +254,9 @@ class Cluster:
         ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since
         the program is ending anyway.
 
-        Calling it again is a no-op.
+        Calling it again is a no-op. (``_stop_busy``, for ``TFCluster.shutdown``, whose timeout
+        bounds the whole shutdown as in TensorFlowOnSpark: busy mains are stopped once
+        ``timeout`` runs out, whether or not they poll the flag.)
 
         Raises:
             NodeError: some node's main raised (the first such node; ``remote_traceback`` has
@@ -268,7 +270,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         if failure is None and drain:
             try:
-                self._drain(deadline)
+                self._drain(deadline, stop_busy=_stop_busy)
             except BaseException:  # Ctrl-C while waiting for busy mains: stop them now
                 self._stop_nodes(10.0, now=True)
                 self._state = "stopped"
@@ -425,7 +427,7 @@ class Cluster:
                 out.append(NodeError(error_summary(st.traceback), node=info, remote_traceback=st.traceback))
         return out
 
-    def _drain(self, deadline: float) -> None:
+    def _drain(self, deadline: float, *, stop_busy: bool = False) -> None:
         """Let every chief and worker finish what it is doing before it is told to stop.
 
         A main is left alone while it is busy (training on pushed epochs, reading files in
@@ -458,11 +460,13 @@ class Cluster:
             if returned and not hint_due:
                 hint_due = True
                 next_note = min(next_note, now + MWMS_HINT_AFTER)
-            if now >= deadline and len(polling) == len(busy):
+            if now >= deadline and (stop_busy or len(polling) == len(busy)):
                 logger.warning(
                     "shutdown: node(s) %s were still running main when the timeout ran out; "
-                    "stopping them (their main polls ctx.should_stop; ctx.wait_stop() tells the "
-                    "driver a main only waits)", busy,
+                    "stopping them (%s)", busy,
+                    "TFCluster.shutdown's timeout" if stop_busy and len(polling) < len(busy) else
+                    "their main polls ctx.should_stop; ctx.wait_stop() tells the driver a main "
+                    "only waits",
                 )
                 return
             if now >= next_note:

@@ -13,7 +13,7 @@ from dataplane.compat.TFNode import decode_rows
 from dataplane.errors import ClusterStateError, SchemaError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 from tests.dataplane.tfos_programs import (every_element_main, feed_and_answer_main, ps_joins_main,
-                                          raising_answer_main, short_answer_main)
+                                          raising_answer_main, short_answer_main, stalled_worker_main)
 
 ELEMENTS = [([float(i), i / 2.0, -1.0], i, f"row{i}") for i in range(60)]
 
@@ -239,6 +239,19 @@ def test_a_parameter_server_that_joins_forever_does_not_hold_up_shutdown(spark):
     t0 = time.monotonic()
     cluster.shutdown(timeout=120)
     assert time.monotonic() - t0 < 30
+    wait_gone(pids, 30)
+
+
+def test_shutdown_timeout_bounds_a_map_fun_that_never_reads_again(spark):
+    """TFoS's shutdown(timeout=) ends the application when it runs out; here a map_fun stuck in
+    its own code held shutdown until it returned (123 s for timeout=20, stop_grace=10)."""
+    sc = spark.sparkContext
+    cluster = TFCluster.run(sc, stalled_worker_main, {"stall": 300}, 2, 0, False, InputMode.SPARK,
+                            stop_grace=3)
+    pids = [n.pid for n in cluster.cluster.nodes]
+    t0 = time.monotonic()
+    cluster.shutdown(grace_secs=0, timeout=5)
+    assert time.monotonic() - t0 < 40
     wait_gone(pids, 30)
 
 

@@ -275,3 +275,18 @@ def ps_joins_main(args, ctx):  # type: ignore[no-untyped-def]
     if ctx.job_name == "ps":
         while True:
             time.sleep(1)
+
+
+def stalled_worker_main(args, ctx):  # type: ignore[no-untyped-def]
+    """InputMode.SPARK: the worker (not the chief) never reads its DataFeed (stuck in its own
+    code); the chief reads until the feed ends."""
+    import time
+
+    from dataplane.compat import TFNode
+
+    if ctx.job_name == "worker":
+        time.sleep(args["stall"])
+        return
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    while not feed.should_stop():
+        feed.next_batch(10)
