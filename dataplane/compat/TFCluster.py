@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dataplane.compat.TFNode import TFNodeContext, column_name
-from dataplane.errors import ClusterStateError, SchemaError
+from dataplane.errors import ClusterStateError, FeedError, SchemaError
 from formats.staging import task_error
 
 __all__ = ["TFCluster", "InputMode", "run", "rdd_to_dataframe"]
@@ -438,6 +438,14 @@ class TFCluster:
         try:
             report = self.cluster._feeder.train(df, num_epochs=num_epochs or 10,
                                                 feed_timeout=feed_timeout, balance=False)
+        except FeedError as exc:
+            if "stopped reading it" not in str(exc) and "no row moved" not in str(exc):
+                raise
+            raise FeedError(
+                f"{exc} In a TensorFlowOnSpark program: every worker's map_fun reads its "
+                f"DataFeed until next_batch returns an empty batch or should_stop() is True, or "
+                f"calls feed.terminate() once it wants no more rows."
+            ) from exc
         except Exception as exc:
             refused = task_error(exc)  # an element _Encoder refused, raised in a Spark task
             if refused is None:

@@ -272,6 +272,25 @@ def _unstarted(states: dict[int, EpochState]) -> list[int]:
                   if st.main == "running" and not st.closed and st.emitted == 0)
 
 
+def _reading_text(states: dict[int, EpochState]) -> str:
+    """Each node's pass in words: 'node 0 read 2,000 of 2,000 rows, node 1 read 0 of 2,000'."""
+    parts = []
+    for nid, st in sorted(states.items()):
+        state = "" if st.main == "running" else f", main {st.main}"
+        parts.append(f"node {nid} read {st.emitted:,} of {st.rows:,} rows"
+                     f"{' (pass ended)' if st.closed else ''}{state}")
+    return "; ".join(parts)
+
+
+def _not_reading(states: dict[int, EpochState]) -> list[int]:
+    """The nodes to blame for an epoch's passes that stand still: those that hold rows they have
+    not read; else those that read none of it; else every node whose pass is open. (A node
+    that read all it holds is waiting for rows, not refusing them.)"""
+    open_ = {nid: st for nid, st in states.items() if st.main == "running" and not st.closed}
+    behind = sorted(nid for nid, st in open_.items() if st.emitted < st.rows)
+    return behind or _unstarted(states) or sorted(open_) or sorted(states)
+
+
 class Feeder:
     """Feed orchestration for one cluster: push jobs, epochs, the accounting.
 
@@ -745,11 +764,10 @@ class Feeder:
                 if err is not None:
                     raise err
                 if clock.expired():
-                    idle = _unstarted(states)
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
-                        f"{idle or sorted(states)} stopped reading it: nothing moved for "
-                        f"feed_timeout={clock.timeout:.0f} s. A program that reads fewer epochs than "
+                        f"{_not_reading(states)} stopped reading it: nothing moved for "
+                        f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). A program that reads fewer epochs than "
                         f"train(num_epochs=...) pushes (a fit ended early by EarlyStopping, "
                         f"fewer fit epochs) leaves the rest unread: read one pass per pushed "
                         f"epoch, use ctx.dataset(repeat=True), or call ctx.end_feed() or return "

@@ -10,7 +10,7 @@ import pytest
 
 from dataplane.compat import InputMode, TFCluster, rdd_to_dataframe
 from dataplane.compat.TFNode import decode_rows
-from dataplane.errors import ClusterStateError, SchemaError
+from dataplane.errors import ClusterStateError, FeedError, SchemaError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 from tests.dataplane.tfos_programs import (every_element_main, feed_and_answer_main, ps_joins_main,
                                           raising_answer_main, short_answer_main, stalled_worker_main)
@@ -249,6 +249,12 @@ def test_shutdown_timeout_bounds_a_map_fun_that_never_reads_again(spark):
     cluster = TFCluster.run(sc, stalled_worker_main, {"stall": 300}, 2, 0, False, InputMode.SPARK,
                             stop_grace=3)
     pids = [n.pid for n in cluster.cluster.nodes]
+    # the stuck worker is named, not the chief that read all it got, with the TFoS-side fix
+    with pytest.raises(FeedError) as info:
+        cluster.train(sc.parallelize([([float(i)], i) for i in range(4000)], 4), 1, feed_timeout=30)
+    msg = str(info.value)
+    assert "node(s) [1] stopped reading it" in msg, msg  # (node 0 was blamed too)
+    assert "reads its DataFeed until next_batch returns an empty batch" in msg, msg
     t0 = time.monotonic()
     cluster.shutdown(grace_secs=0, timeout=5)
     assert time.monotonic() - t0 < 40

@@ -278,15 +278,18 @@ def ps_joins_main(args, ctx):  # type: ignore[no-untyped-def]
 
 
 def stalled_worker_main(args, ctx):  # type: ignore[no-untyped-def]
-    """InputMode.SPARK: the worker (not the chief) never reads its DataFeed (stuck in its own
-    code); the chief reads until the feed ends."""
+    """InputMode.SPARK without master_node (every node a worker, as TFoS's default): worker 1
+    reads three batches, then never reads its DataFeed again (stuck in its own code); worker 0
+    reads until the feed ends."""
     import time
 
     from dataplane.compat import TFNode
 
-    if ctx.job_name == "worker":
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    if ctx.task_index == 1:
+        for _ in range(3):
+            feed.next_batch(10)
         time.sleep(args["stall"])
         return
-    feed = TFNode.DataFeed(ctx.mgr, False)
     while not feed.should_stop():
         feed.next_batch(10)
