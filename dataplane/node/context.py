@@ -365,6 +365,31 @@ def _ragged_to_object(col) -> np.ndarray:  # type: ignore[no-untyped-def]
     return out
 
 
+def _output_array(name: str, value: Any) -> np.ndarray:
+    """``value`` as an array with a row per entry; a list of rows of different lengths (a
+    sequence per row) as an object array of arrays, which becomes a list column."""
+    try:
+        return np.asarray(value)
+    except ValueError as e:  # "inhomogeneous shape": rows of different lengths
+        if isinstance(value, (list, tuple)):
+            try:
+                arrays = [np.asarray(v) for v in value]
+                filled = [x for x in arrays if x.size]  # an empty row says nothing of the type
+                if filled:
+                    kind = np.result_type(*filled)
+                    arrays = [x.astype(kind, copy=False) for x in arrays]
+                out = np.empty(len(value), dtype=object)
+                out[:] = arrays
+                return out
+            except ValueError:
+                pass
+        raise SchemaError(
+            f"predict output {name!r} is not an array with one entry per input row ({e}). For "
+            f"rows of different lengths return an object array of arrays, e.g. "
+            f"out = np.empty(n, dtype=object); out[:] = [np.asarray(v) for v in rows]."
+        ) from e
+
+
 def _outputs_to_batch(outputs: Any, rows: int) -> pa.RecordBatch:
     if not isinstance(outputs, Mapping) or not outputs:
         raise SchemaError(
@@ -374,13 +399,19 @@ def _outputs_to_batch(outputs: Any, rows: int) -> pa.RecordBatch:
         )
     cols, names = [], []
     for name, value in outputs.items():
-        a = np.asarray(value)
+        a = _output_array(name, value)
         if a.ndim == 0 or a.shape[0] != rows:
             raise SchemaError(
                 f"predict output {name!r} has shape {a.shape} for a batch of "
                 f"{rows} rows; every output needs one entry per input row (shape[0] == {rows})."
             )
-        col = pa.array(np.ascontiguousarray(a).reshape(-1))
+        try:
+            col = pa.array(np.ascontiguousarray(a).reshape(-1))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise SchemaError(
+                f"predict output {name!r} ({a.dtype} array of shape {a.shape}) does not convert "
+                f"to a column: {e}. Return numbers, strings, bytes, or arrays of them."
+            ) from e
         # [rows, 2, 3] answers as nested lists (Spark array<array<...>>), as images come in
         for level in range(a.ndim - 1, 0, -1):
             width, count = int(a.shape[level]), int(np.prod(a.shape[:level]))

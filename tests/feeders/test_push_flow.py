@@ -200,6 +200,23 @@ def test_inference_answers_keep_their_shape_and_conform_to_the_declared_types():
         _conform_answer(pa.array(["a"]), pa.field("name", pa.float32()), 3, "output_schema")
 
 
+def test_a_ragged_inference_answer_becomes_a_list_column_and_a_misfit_names_the_output():
+    # a list of lists of different lengths failed as "predict raised ValueError: setting an
+    # array element with a sequence", though predict had returned; the conversion had failed
+    from dataplane.node.context import _outputs_to_batch
+    from formats.errors import SchemaError
+
+    batch = _outputs_to_batch({"seq": [list(range(i % 3)) for i in range(5)]}, 5)
+    assert str(batch.schema.field("seq").type) == "list<item: int64>"  # not double, from the []
+    assert batch.column("seq").to_pylist() == [[], [0], [0, 1], [], [0]]
+    with pytest.raises(SchemaError, match=r"predict output 's' is not an array with one entry per "
+                                          r"input row .*out\[:\] = \[np\.asarray\(v\) for v in rows\]"):
+        _outputs_to_batch({"s": [[1, [2, 3]], [4]]}, 2)
+    with pytest.raises(SchemaError, match=r"predict output 'o' \(object array of shape \(2,\)\) does "
+                                          r"not convert to a column"):
+        _outputs_to_batch({"o": np.array([object(), object()])}, 2)
+
+
 def test_an_inference_answer_beyond_float32_is_an_error_not_infinity():
     import pyarrow as pa
 
