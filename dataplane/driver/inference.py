@@ -85,6 +85,8 @@ def inference(
     schema_from = "probe" if output_schema is None else "output_schema"
     if output_schema is None:
         output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
+    else:
+        output_schema = _declared_outputs(output_schema)
     clash = [f.name for f in output_schema if f.name in passthrough]
     if clash:
         raise SchemaError(
@@ -145,10 +147,34 @@ def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type:
     return pa.schema([pa.field(f.name, _spark_type(f.type)) for f in schema])
 
 
+def _declared_outputs(schema: pa.Schema) -> pa.Schema:
+    """``output_schema`` in types a Spark DataFrame can hold (as a probed answer's are); a
+    type that has none is a SchemaError naming the output."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    fields = []
+    for f in schema:
+        t = _spark_type(f.type)
+        try:
+            from_arrow_type(t)
+        except Exception as e:  # noqa: BLE001 - pyspark's own error types differ by version
+            raise SchemaError(
+                f"output_schema declares output {f.name!r} as {f.type}, which a Spark DataFrame "
+                f"cannot hold ({type(e).__name__}: {str(e).splitlines()[0]}). Declare a "
+                f"number, string, binary, bool, date or timestamp type, or a list of them."
+            ) from None
+        fields.append(pa.field(f.name, t))
+    return pa.schema(fields)
+
+
 def _spark_type(t: pa.DataType) -> pa.DataType:
     """``t``, or the type Spark holds its values in (lists of them included)."""
-    if pa.types.is_list(t):
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return pa.list_(_spark_type(t.value_type))
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
     if pa.types.is_unsigned_integer(t):
         return pa.int64()
     if pa.types.is_float16(t):

@@ -217,6 +217,20 @@ def test_a_ragged_inference_answer_becomes_a_list_column_and_a_misfit_names_the_
         _outputs_to_batch({"o": np.array([object(), object()])}, 2)
 
 
+def test_declared_outputs_take_the_types_spark_holds_them_in():
+    # output_schema with uint64 or a fixed-size list failed in Spark's Arrow conversion
+    # (UNSUPPORTED_DATA_TYPE_FOR_ARROW_CONVERSION / Unsupported arrow type FixedSizeList(64));
+    # a probed answer of those types was already widened
+    import pyarrow as pa
+
+    from dataplane.driver.inference import _declared_outputs
+
+    got = _declared_outputs(pa.schema([("a", pa.uint64()), ("b", pa.list_(pa.float32(), 64)),
+                                       ("c", pa.float16()), ("d", pa.large_string())]))
+    assert got == pa.schema([("a", pa.int64()), ("b", pa.list_(pa.float32())), ("c", pa.float32()),
+                             ("d", pa.string())])
+
+
 def test_an_inference_answer_beyond_float32_is_an_error_not_infinity():
     import pyarrow as pa
 
