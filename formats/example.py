@@ -191,11 +191,23 @@ def _entry(key: str, kind: str, payload: pa.Array, valid: np.ndarray) -> tuple[p
 
 def _float32(name: str, arr: pa.Array) -> np.ndarray:
     """A float column's values as float32, the only float an Example holds. A finite double
-    beyond float32's range would silently become inf: that is an error naming the column."""
+    beyond float32's range would silently become inf, and a non-zero one too small for it 0:
+    both are errors naming the column."""
     vals = np.asarray(arr.to_numpy(zero_copy_only=False))
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         out = vals.astype("<f4", copy=False)
     if vals.dtype == np.float64:
+        lost = (out == 0) & (vals != 0) & ~np.isnan(vals)
+        if lost.any():
+            value, more = float(vals[np.argmax(lost)]), int(lost.sum()) - 1
+            also = f" and {more} more value(s)" if more else ""
+            raise SchemaError(
+                f"column {name!r} holds {value!r}{also}, too small for float32 (below about "
+                f"1.4e-45): a tf.train.Example stores floats as float32, so it would be written "
+                f"as 0. Scale the column before the export, cast it to float yourself to accept "
+                f"the zeros (col({name!r}).cast('float')), or export to Parquet, which keeps "
+                f"doubles."
+            )
         bad = np.isinf(out) & np.isfinite(vals)
         if bad.any():
             value, more = float(vals[np.argmax(bad)]), int(bad.sum()) - 1

@@ -116,6 +116,11 @@ CASES = [
         {"v": pa.array([[1.0, 2.0], [3.0, -1e300]], pa.list_(pa.float64()))}))), SchemaError,
          ("a.parquet", "column 'v' holds -1e+300 beyond float32's range", "Scale the column"),
          within=60, after=_nothing_written),
+    # and one too small for float32: written as 0 without a word, where 1e300 was refused
+    Case(PT, "double-below-float32", _pt(lambda env: bad.parquet(env.dir("d"), pa.table(
+        {"v": pa.array([0.0, 1e-50, -2.5, 0.0], pa.float64())}))), SchemaError,
+         ("a.parquet", "column 'v' holds 1e-50, too small for float32", "written as 0",
+          "col('v').cast('float')"), within=60, after=_nothing_written),
     Case(PT, "missing-source", _pt(lambda env: env.tmp / "nope"), StorageError, ("nope", "does not exist"), within=60),
     Case(PT, "not-a-parquet-file", _pt(lambda env: bad.not_parquet(env.dir("d"))), StorageError,
          ("a.parquet", "cannot read it as Parquet"), within=60, after=_nothing_written),
