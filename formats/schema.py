@@ -304,6 +304,15 @@ def check_fill_value(name: str, dtype: str, value: Any) -> None:
         if ok and dtype.startswith(("int", "uint")) and not float(value).is_integer():
             ok = False
         want = "an integer" if dtype.startswith(("int", "uint")) else "a number"
+        if ok and dtype.startswith(("int", "uint")):
+            info = np.iinfo(dtype)
+            if not info.min <= int(value) <= info.max:
+                raise SchemaError(
+                    f"fill value {value!r} for column {name!r} is beyond its type {dtype} "
+                    f"({info.min} to {info.max}); give a value in that range, e.g. "
+                    f"fill_values={{{name!r}: {0 if dtype.startswith('uint') else -1}}}, or cast "
+                    f"the column to a wider type."
+                )
     if not ok:
         raise SchemaError(
             f"fill value {value!r} for column {name!r} does not fit its type {dtype}; give "

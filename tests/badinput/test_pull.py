@@ -80,6 +80,10 @@ CASES = [
     Case(PQ, "null-without-fill", _pq(NULLS), SchemaError,
          ("'x'", "1 null value(s)", "a.parquet", "fill_values={'x': 0}"),
          after=_fill_fixes_it(feeders.parquet_dataset, -1.0)),
+    # accepted, then the read failed with "Value 1099511627776 too large to fit in C integer type"
+    Case(PQ, "null-fill-beyond-the-column-s-type",
+         _pq(pa.table({"i": pa.array([1, None], pa.int32())}), fill_values={"i": 2**40}), SchemaError,
+         ("fill value 1099511627776", "'i'", "beyond its type int32", "-2147483648 to 2147483647")),
     Case(PQ, "null-fill-of-wrong-type", _pq(NULLS, fill_values={"x": "abc"}), SchemaError,
          ("'abc'", "'x'", "float32", "give a number")),
     Case(PQ, "fill-for-unknown-column", _pq(NULLS, fill_values={"nope": 0}), SchemaError,
