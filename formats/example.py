@@ -196,27 +196,23 @@ def _float32(name: str, arr: pa.Array) -> np.ndarray:
     vals = np.asarray(arr.to_numpy(zero_copy_only=False))
     with np.errstate(over="ignore", under="ignore"):
         out = vals.astype("<f4", copy=False)
-    if vals.dtype == np.float64:
-        lost = (out == 0) & (vals != 0) & ~np.isnan(vals)
-        if lost.any():
-            value, more = float(vals[np.argmax(lost)]), int(lost.sum()) - 1
-            also = f" and {more} more value(s)" if more else ""
-            raise SchemaError(
-                f"column {name!r} holds {value!r}{also}, too small for float32 (below about "
-                f"1.4e-45): a tf.train.Example stores floats as float32, so it would be written "
-                f"as 0. Scale the column before the export, cast it to float yourself to accept "
-                f"the zeros (col({name!r}).cast('float')), or export to Parquet, which keeps "
-                f"doubles."
-            )
-        bad = np.isinf(out) & np.isfinite(vals)
+    if vals.dtype != np.float64:
+        return out
+    too_small = (out == 0) & (vals != 0) & ~np.isnan(vals)
+    too_big = np.isinf(out) & np.isfinite(vals)
+    for bad, what, fix in (
+        (too_small, "too small for float32 (below about 1.4e-45)", "0. Scale the column before "
+         f"the export, cast it to float yourself to accept the zeros (col({name!r}).cast('float'))"),
+        (too_big, "beyond float32's range (about ±3.4e38)", "inf. Scale the column (or clip it) "
+         "before the export"),
+    ):
         if bad.any():
             value, more = float(vals[np.argmax(bad)]), int(bad.sum()) - 1
             also = f" and {more} more value(s)" if more else ""
             raise SchemaError(
-                f"column {name!r} holds {value!r}{also} beyond "
-                f"float32's range (about ±3.4e38): a tf.train.Example stores floats as float32, "
-                f"so it would be written as inf. Scale the column (or clip it) before the "
-                f"export, or export to Parquet, which keeps doubles."
+                f"column {name!r} holds {value!r}{also}, {what}: a tf.train.Example stores "
+                f"floats as float32, so it would be written as {fix}, or export to Parquet, "
+                f"which keeps doubles."
             )
     return out
 

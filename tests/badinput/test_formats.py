@@ -77,7 +77,7 @@ CASES = [
          ("partition", "'v'", "1 null element(s)", "coalesce(x, 0)"), within=180, after=_nothing_written),
     # a double beyond float32's range: an Example's floats are float32, so it would become inf
     Case(WT, "double-beyond-float32", _wt("SELECT id, IF(id = 3, 1e300D, id / 3.0D) AS price FROM range(4)"),
-         SchemaError, ("partition", "column 'price' holds 1e+300 beyond float32's range", "Parquet"),
+         SchemaError, ("partition", "column 'price' holds 1e+300, beyond float32's range", "Parquet"),
          within=180, after=_nothing_written),
     Case(WT, "unknown-compression", _wt("SELECT 1 AS id", compression="lz4"), ValueError,
          ("'lz4'", "GZIP"), within=60),
@@ -114,7 +114,7 @@ CASES = [
          within=60, after=_nothing_written),
     Case(PT, "double-beyond-float32", _pt(lambda env: bad.parquet(env.dir("d"), pa.table(
         {"v": pa.array([[1.0, 2.0], [3.0, -1e300]], pa.list_(pa.float64()))}))), SchemaError,
-         ("a.parquet", "column 'v' holds -1e+300 beyond float32's range", "Scale the column"),
+         ("a.parquet", "column 'v' holds -1e+300, beyond float32's range", "Scale the column"),
          within=60, after=_nothing_written),
     # and one too small for float32: written as 0 without a word, where 1e300 was refused
     Case(PT, "double-below-float32", _pt(lambda env: bad.parquet(env.dir("d"), pa.table(
