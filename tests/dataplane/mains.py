@@ -78,6 +78,23 @@ def _predict(batch):  # type: ignore[no-untyped-def]
     return {"y": batch["x"] * 2.0, "vec_sum": batch["vec"].sum(axis=1).astype(np.float32), "mask": mask}
 
 
+def _hold_until_producers_wait(ctx, limit: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Stop reading until producers have waited on the full buffer for 0.3 s without a break
+    (tf.data's prefetch may still take a few batches at first): the slow-consumer test's waiting
+    no longer depends on how fast a busy machine's Spark tasks push."""
+    now = time.monotonic()
+    deadline, waiting_since = now + limit, None
+    while now < deadline:
+        if not ctx._buffer._stalled:
+            waiting_since = None
+        elif waiting_since is None:
+            waiting_since = now
+        elif now - waiting_since >= 0.3:
+            return
+        time.sleep(0.01)
+        now = time.monotonic()
+
+
 def feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Serve inference in a thread; record a checksum of every pushed epoch."""
     out = args["dir"]
@@ -87,6 +104,8 @@ def feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     while not ctx.should_stop:
         ids, batches, shapes, tag_rows, tag_values = [], 0, set(), 0, 0
         for b in ds:
+            if not batches and os.path.exists(os.path.join(out, "slow")):
+                _hold_until_producers_wait(ctx)
             ids.append(b["id"].numpy())
             batches += 1
             shapes.add(tuple(b["vec"].shape[1:]))
