@@ -366,13 +366,8 @@ def column_specs(
     for name in names:
         idx = schema.get_field_index(name)
         if idx < 0 and schema.names.count(name) > 1:
-            made = " (one made by flatten_structs from a struct's field)" if flatten_structs else ""
-            raise SchemaError(
-                f"column name {name!r} appears {schema.names.count(name)} times in the data"
-                f"{made}; a tensor needs one column per name. Rename one of them first: in "
-                f"Spark df.toDF(*names) renames by position (withColumnRenamed and drop would "
-                f"take both); in pyarrow table.rename_columns(names)."
-            )
+            made = "one made by flatten_structs from a struct's field" if flatten_structs else ""
+            raise _duplicate_name(schema.names, name, "in the data", made)
         if idx < 0:
             raise SchemaError(
                 f"column {name!r} is not in the data; the columns are {schema.names}."
@@ -391,15 +386,20 @@ def check_unique_names(schema: pa.Schema, what: str) -> None:
     each column becomes the tensor of its name. ``what`` says what sends the columns."""
     names = list(schema.names)
     dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is None:
-        return
+    if dup is not None:
+        raise _duplicate_name(names, dup, f"in the DataFrame {what}")
+
+
+def _duplicate_name(names: Sequence[str], dup: str, where: str, cause: str = "") -> SchemaError:
+    """The one message for a column name held by several columns: where they are and the
+    rename-by-position call that gives each its own name."""
     at = [i for i, n in enumerate(names) if n == dup]
-    renamed = [f"{n}_{at.index(i) + 1}" if n == dup else n for i, n in enumerate(names)]
-    raise SchemaError(
-        f"column name {dup!r} appears {len(at)} times in the DataFrame {what} (at positions "
-        f"{at}; a join keeps a column of each side), but each column becomes the tensor of its "
-        f"name. Give each its own name first: df.toDF({', '.join(repr(n) for n in renamed)}) "
-        f"renames by position (withColumnRenamed would rename both)."
+    renamed = ", ".join(repr(f"{n}_{at.index(i) + 1}" if n == dup else n) for i, n in enumerate(names))
+    return SchemaError(
+        f"column name {dup!r} appears {len(at)} times {where} (at positions {at}; "
+        f"{cause or 'a join keeps a column of each side'}), but each column becomes the tensor of its name. Give each its "
+        f"own name first: in Spark df.toDF({renamed}) renames by position (withColumnRenamed "
+        f"and drop would take both); in pyarrow table.rename_columns([{renamed}])."
     )
 
 
