@@ -134,6 +134,19 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
     return schema.remove_metadata()
 
 
+def _check_first_has(loc: Location, files: list[str], metas: list[Any], missing: Sequence[str]) -> None:
+    """A wanted column the first file lacks but a later file has: name both files (the
+    column is not simply absent from the data, as the first file's columns would say)."""
+    for name in missing:
+        has = next((p for p, m in zip(files[1:], metas[1:]) if name in parquet_arrow_schema(m).names), None)
+        if has is not None:
+            raise SchemaError(
+                f"column {name!r} is in {loc.display(has)} but missing from "
+                f"{loc.display(files[0])}; every file of a data set must have the same columns. "
+                f"Rewrite the odd file or select columns present in all files (columns=...)."
+            )
+
+
 def _check_same_schema(loc: Location, files: list[str], metas: list[Any], names: Sequence[str]) -> None:
     first = plain_schema(parquet_arrow_schema(metas[0]))
     for path, meta in zip(files[1:], metas[1:]):
@@ -269,6 +282,7 @@ def plan_parquet(
     schema = plain_schema(first)
     skipped = [c for c in pandas_index_columns(first) if columns is None or c not in columns]
     names = list(columns) if columns is not None else [n for n in schema.names if n not in skipped]
+    _check_first_has(loc, files, metas, [n for n in names if n not in schema.names])
     _check_same_schema(loc, files, metas, [n for n in names if n in schema.names])
     if columns is None:
         _check_no_extra_columns(loc, files, metas, schema)

@@ -218,6 +218,11 @@ def test_schema_differing_between_files(tmp_path):
         f"have; every file of a data set must have the same columns. Rewrite the odd file, or pass "
         f"columns= naming the columns to read (those every file has: ['id']).")
     assert [b["id"].numpy().tolist() for b in feeders.parquet_dataset(tmp_path, columns=["id"])] == [[5, 6]]
+    # columns= naming that extra column: it said "column 'extra' is not in the data; the columns
+    # are ['id']", from the first file alone
+    with pytest.raises(SchemaError, match=rf"column 'extra' is in {tmp_path}/part-3\.parquet but missing "
+                                          rf"from {tmp_path}/part-2\.parquet; every file"):
+        feeders.parquet_dataset(tmp_path, columns=["id", "extra"])
 
 
 def test_the_columns_every_file_has_are_those_the_hint_names(tmp_path):
