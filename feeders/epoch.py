@@ -51,7 +51,8 @@ class EpochInfo:
     this id. ``replay``: the epoch's rows come from that cache, not from Spark. ``carry``: a
     complete pass holds back the rows past its limit for the next carry epoch of its split,
     which begins with them if its ``carry_from`` is this epoch (streaming micro-batches: see
-    ``FeedBuffer.take_carry``).
+    ``FeedBuffer.take_carry``). ``ends_call``: the last epoch of its split in its
+    ``cluster.train`` call, where a ``repeat=True`` stream ends.
     """
 
     epoch: int
@@ -64,6 +65,7 @@ class EpochInfo:
     replay: str | None = None
     carry: bool = False
     carry_from: int | None = None
+    ends_call: bool = False
 
     @classmethod
     def announced(cls, begin: BeginEpoch) -> "EpochInfo":

@@ -95,7 +95,7 @@ class _PlainErrors:
             close()
 
 
-def generator_dataset(factory: Callable[[], Iterator[Any]], output_signature: Any) -> Any:
+def generator_dataset(factory: Callable[..., Iterator[Any]], output_signature: Any, arg: Any = None) -> Any:
     """A ``tf.data.Dataset`` whose every pass iterates a new ``factory()``.
 
     Args:
@@ -104,6 +104,8 @@ def generator_dataset(factory: Callable[[], Iterator[Any]], output_signature: An
             (bytes, str or object arrays for ``tf.string``).
         output_signature: a nested structure of ``tf.TensorSpec`` (ragged specs are accepted
             and served by ``tf.data.Dataset.from_generator``).
+        arg: a scalar int64 tensor (an element of the dataset a ``flat_map`` builds this one
+            in): ``factory`` is then called with its value, ``factory(np.int64)``.
 
     Returns:
         A ``tf.data.Dataset`` with ``element_spec == output_signature``. Errors raised by the
@@ -116,14 +118,17 @@ def generator_dataset(factory: Callable[[], Iterator[Any]], output_signature: An
     flat = tf.nest.flatten(output_signature)
     op_class = _generator_op_class()
     if op_class is None or not all(type(s) is tf.TensorSpec for s in flat):
+        if arg is not None:
+            return tf.data.Dataset.from_generator(lambda a: _PlainErrors(iter(factory(a))), args=(arg,),
+                                                  output_signature=output_signature)
         return tf.data.Dataset.from_generator(lambda: _PlainErrors(iter(factory())),
                                               output_signature=output_signature)
     np_types = [s.dtype.as_numpy_dtype for s in flat]
     shapes = [s.shape.as_list() if s.shape.rank is not None else None for s in flat]
     labels = [s.name or f"component {i}" for i, s in enumerate(flat)]
 
-    def init_py(_: Any) -> np.int64:
-        it = _PlainErrors(iter(factory()))
+    def init_py(value: Any) -> np.int64:
+        it = _PlainErrors(iter(factory() if arg is None else factory(np.int64(value))))
         with _lock:
             key = next(_ids)
             _live[key] = it
@@ -180,4 +185,4 @@ def generator_dataset(factory: Callable[[], Iterator[Any]], output_signature: An
     def finalize_fn(key: Any) -> Any:
         return tf.numpy_function(finalize_py, [key], tf.int64, stateful=True)
 
-    return op_class(np.int64(0), init_fn, next_fn, finalize_fn, output_signature)
+    return op_class(np.int64(0) if arg is None else arg, init_fn, next_fn, finalize_fn, output_signature)

@@ -164,8 +164,9 @@ class BeginEpoch:
     in its cache under this id; ``replay``: the rows come from that cache, not from Spark.
     ``carry`` (a stream's micro-batch): the rows past the epoch's limit are not dropped but
     held back for the next carry epoch; ``carry_from``: this epoch begins with the rows held
-    back from that epoch (the driver counts them in its limit). The reply carries
-    ``cache_rows`` for a replayed epoch."""
+    back from that epoch (the driver counts them in its limit). ``ends_call``: the last epoch
+    of its split that its ``cluster.train`` call pushes (a ``repeat=True`` stream ends after
+    it). The reply carries ``cache_rows`` for a replayed epoch."""
 
     epoch: int
     schema_ipc: bytes
@@ -177,12 +178,14 @@ class BeginEpoch:
     replay: str | None = None
     carry: bool = False
     carry_from: int | None = None
+    ends_call: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "schema": self.schema_ipc.hex(),
                 "shapes": {k: list(v) for k, v in self.shapes.items()}, "split": self.split,
                 "shuffle": self.shuffle, "seed": self.seed, "record": self.record,
-                "replay": self.replay, "carry": self.carry, "carry_from": self.carry_from}
+                "replay": self.replay, "carry": self.carry, "carry_from": self.carry_from,
+                "ends_call": self.ends_call}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "BeginEpoch":
@@ -190,7 +193,8 @@ class BeginEpoch:
                    {k: tuple(int(x) for x in v) for k, v in d.get("shapes", {}).items()},
                    str(d.get("split", "train")), bool(d.get("shuffle", False)), d.get("seed"),
                    d.get("record"), d.get("replay"), bool(d.get("carry", False)),
-                   None if d.get("carry_from") is None else int(d["carry_from"]))
+                   None if d.get("carry_from") is None else int(d["carry_from"]),
+                   bool(d.get("ends_call", False)))
 
 
 @dataclass(frozen=True)

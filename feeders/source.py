@@ -246,25 +246,6 @@ _ITEM_BYTES = 8 << 20
 _MAX_BATCHES_PER_ITEM = 64
 
 
-def _cut_item(batch_size: int) -> Callable[[Any], Any]:
-    """``item`` (a dict of dense tensors holding whole batches, or an epoch's short tail) as a
-    dataset of its batches of ``batch_size`` rows."""
-    import tensorflow as tf
-
-    def cut(item: Any) -> Any:
-        n = tf.shape(tf.nest.flatten(item)[0], out_type=tf.int64)[0]
-        count = (n + batch_size - 1) // batch_size
-
-        def rows(i: Any) -> Any:
-            lo = i * batch_size
-            hi = tf.minimum(lo + batch_size, n)
-            return tf.nest.map_structure(lambda t: t[lo:hi], item)
-
-        return tf.data.Dataset.range(count).map(rows)
-
-    return cut
-
-
 def _batches_per_item(specs: Sequence[ColumnSpec], signature: Mapping[str, Any], batch_size: int) -> int:
     """Whole batches per generator item: 1 for ragged columns (rebatch is slow on them) or
     when one batch already holds about ``_ITEM_BYTES`` (wide rows: the per-call cost is small
@@ -330,8 +311,9 @@ def push_dataset(
 
     Blocks until the driver announces the first epoch (``cluster.train``), because the tensor
     specs come from the pushed DataFrame's schema. With ``repeat=True`` one pass yields the
-    pushed epochs back to back (each epoch batched on its own, so every worker still yields the
-    same batches), ending when the node shuts down.
+    epochs of one train call back to back (each epoch batched on its own, so every worker still
+    yields the same batches), ending after its last (a stream's micro-batches: when the node
+    shuts down).
 
     ``reads_until_stop``: True when the program loops over passes until the node stops (it
     polls ``ctx.should_stop``), so that a last pass ending empty at shutdown is expected.
@@ -397,15 +379,8 @@ def push_dataset(
     convert = _tensor_converter(specs)
     epoch_schema = info.schema
 
-    def one_epoch(stream: int, first: bool = True, sizes: list[int] | None = None) -> Iterator[dict[str, Any]] | None:
-        epoch = claim(first, stream)
-        if epoch is None:
-            expected = repeat or custom_claim is not None or (reads_until_stop is not None and reads_until_stop())
-            note = None if expected else buffer.ended_empty_note(split)
-            if note:  # the node's log, which the driver shows
-                logger.warning("%s", note)
-            return None
-        newest[:] = [epoch]
+    def read_epoch(epoch: int, sizes: list[int] | None = None) -> Iterator[dict[str, Any]] | None:
+        """The items of a claimed epoch; None once the node is stopping."""
         got = buffer.wait_epoch_info(epoch)
         if got is None:
             return None
@@ -426,6 +401,17 @@ def push_dataset(
             sizes=sizes,
         )
 
+    def claim_next(stream: int, first: bool) -> int | None:
+        epoch = claim(first, stream)
+        if epoch is None:
+            expected = repeat or custom_claim is not None or (reads_until_stop is not None and reads_until_stop())
+            note = None if expected else buffer.ended_empty_note(split)
+            if note:  # the node's log, which the driver shows
+                logger.warning("%s", note)
+            return None
+        newest[:] = [epoch]
+        return epoch
+
     sizes_seen = _PassSizes()
 
     def check_size(batches: int | None, complete: bool) -> None:
@@ -443,62 +429,98 @@ def push_dataset(
             "short. Push epochs of one size to one fit, or read ctx.dataset(repeat=True) with "
             "fit(steps_per_epoch=...).", split, sizes_seen.passes, batches, first)
 
-    def generator() -> Iterator[dict[str, Any]]:
-        stream = buffer.open_stream(split, repeat=repeat)
-        if not repeat:
-            sizes: list[int] = []
-            complete = False
-            try:
-                while True:  # one epoch, or the next if a failed train() call took it back
-                    items = one_epoch(stream, sizes=sizes)
-                    if items is None:
-                        return
-                    if (yield from items) is not True:
-                        complete = bool(sizes)
-                        return
-            finally:
-                buffer.close_stream(stream)
-                check_size(sum(sizes) if sizes else None, complete)
+    def one_pass() -> Iterator[dict[str, Any]]:
+        """One pass: one epoch (or the next, if a failed train() call took it back)."""
+        stream = buffer.open_stream(split, repeat=False)
+        sizes: list[int] = []
+        complete = False
         try:
-            first = True
             while True:
-                items = one_epoch(stream, first)
+                epoch = claim_next(stream, True)
+                items = None if epoch is None else read_epoch(epoch, sizes)
                 if items is None:
                     return
                 if (yield from items) is not True:
-                    first = False
+                    complete = bool(sizes)
+                    return
+        finally:
+            buffer.close_stream(stream)
+            check_size(sum(sizes) if sizes else None, complete)
+
+    taken_back: set[int] = set()  # epochs of a repeat=True stream that a failed train() took back
+
+    def stream_epochs() -> Iterator[np.int64]:
+        """A repeat=True stream's epochs, one element each, up to the last of the train call
+        it began in (a stream's micro-batches: until shutdown). flat_map asks for the next
+        only once the pass has read the one before to its end, so the dataset's own prefetch
+        never reads ahead into the next epoch; and ending at the call's last epoch keeps the
+        read-ahead of the program's side (a distributed iterator's prefetch, one or two
+        batches past fit's last step) out of an epoch pushed for its next step, which fit
+        dropping the stream would otherwise close half read."""
+        stream = buffer.open_stream(split, repeat=True)
+        ended = False
+        try:
+            first = True
+            while True:
+                epoch = claim_next(stream, first)
+                if epoch is None:
+                    return
+                got = buffer.wait_epoch_info(epoch)
+                if got is None:
+                    return
+                # at its call's last epoch every epoch of the call is claimed: what else is
+                # announced is the next call's, which a drop from here must leave alone
+                ended = got.ends_call
+                yield np.int64(epoch)
+                if epoch in taken_back:
+                    taken_back.discard(epoch)
+                    continue
+                first = False
+                if ended:
+                    return
         finally:
             # the stream was the node's feed: epochs pushed for it that it never reached
             # must not wait for a reader, nor validation epochs older than its last epoch
             # (fit is done; a later evaluate reads the newest); unless a newer reader of the
             # split has begun since (then the buffer did that, and what is announced now is
-            # the newer reader's)
+            # the newer reader's). A stream at its call's last epoch has reached them all.
             if buffer.close_stream(stream):
-                buffer.skip_announced(split)
+                if not ended:
+                    buffer.skip_announced(split)
                 if split == "train" and newest:
                     buffer.skip_announced("validation", before=newest[0])
 
+    def stream_epoch(epoch: Any) -> Iterator[dict[str, Any]]:
+        items = read_epoch(int(epoch))
+        if items is not None and (yield from items) is True:
+            taken_back.add(int(epoch))
+
+    def batches(ds: Any) -> Any:
+        """One epoch's items as the batches the program reads."""
+        if per_item > 1:
+            ds = ds.rebatch(int(batch_size))
+        if decode:
+            ds = decode_columns(ds, decode, info.schema, batch_size=int(batch_size))
+        if single and label is not None:
+            ds = ds.map(lambda d: (d[cols[0]], d[label]))
+        elif single:
+            ds = ds.map(lambda d: d[cols[0]])
+        elif label is not None:
+            ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
+        if drop_remainder:
+            # every batch is already whole (iterate_epoch drops each epoch's short tail); this
+            # only gives the batch dimension its static size, as tf.data's own
+            # batch(drop_remainder=True)
+            ds = ds.rebatch(int(batch_size), drop_remainder=True)
+        # prefetch within the epoch: a stream's next epoch is claimed only when it is read
+        return ds.prefetch(prefetch)
+
     per_item = _batches_per_item(specs, signature, int(batch_size))
-    ds = generator_dataset(generator, signature)
-    if per_item > 1 and repeat:
-        # one stream over many epochs: rebatch would join an epoch's short last batch to the
-        # next epoch's first rows; cut each item on its own instead (an item never spans two
-        # epochs, and only an epoch's last item is short)
-        ds = ds.flat_map(_cut_item(int(batch_size)))
-    elif per_item > 1:
-        ds = ds.rebatch(int(batch_size))
-    if decode:
-        ds = decode_columns(ds, decode, info.schema, batch_size=int(batch_size))
-    if single and label is not None:
-        ds = ds.map(lambda d: (d[cols[0]], d[label]))
-    elif single:
-        ds = ds.map(lambda d: d[cols[0]])
-    elif label is not None:
-        ds = ds.map(lambda d: ({k: d[k] for k in cols}, d[label]))
-    if drop_remainder:
-        # every batch is already whole (iterate_epoch drops each epoch's short tail); this only
-        # gives the batch dimension its static size, as tf.data's own batch(drop_remainder=True)
-        ds = ds.rebatch(int(batch_size), drop_remainder=True)
+    if repeat:
+        ds = generator_dataset(stream_epochs, tf.TensorSpec((), tf.int64)).flat_map(
+            lambda epoch: batches(generator_dataset(stream_epoch, signature, arg=epoch)))
+    else:
+        ds = batches(generator_dataset(one_pass, signature))
     opts = tf.data.Options()
     # Every worker already gets its own rows; Keras must not shard them again.
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -506,8 +528,7 @@ def push_dataset(
     # epoch's iterator intermittently took 1-9 s on a busy 2-core machine (the iterator's
     # teardown waits for a background thread), which stalls every epoch boundary.
     opts.autotune.enabled = False
-    ds = ds.with_options(opts)
-    return ds.prefetch(prefetch)
+    return ds.with_options(opts)
 
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -463,8 +463,9 @@ class Feeder:
         begins = [
             BeginEpoch(ep.epoch, ep.source.schema_ipc, ep.source.shapes, split=ep.source.name,
                        shuffle=shuffle, seed=seed, record=ep.record, replay=ep.replay,
-                       carry=ep.carry, carry_from=carry_from if ep.carried_in else None).to_json()
-            for ep in books
+                       carry=ep.carry, carry_from=carry_from if ep.carried_in else None,
+                       ends_call=not ep.carry and i >= len(books) - len(splits)).to_json()
+            for i, ep in enumerate(books)
         ]
         self._each(workers, Action.BEGIN_EPOCH, lambda n: {"epochs": begins})  # in order, at once
         try:

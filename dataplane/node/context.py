@@ -156,11 +156,13 @@ class NodeContext:
         ``FeedReport.rows_unconsumed`` counts what was left. Under MultiWorkerMirroredStrategy
         every worker yields the same number of batches per epoch.
 
-        ``repeat=True`` yields the pushed epochs back to back as one dataset, for
-        ``fit(ds, epochs=E, steps_per_epoch=k)`` (each epoch is batched on its own, so batch
-        counts stay equal across workers); it ends when the cluster shuts down. When it is
-        dropped (``fit`` returns), the epochs it never reached are closed, so ``train`` can
-        return; iterating it again reads only epochs pushed after that.
+        ``repeat=True`` yields the epochs of one ``cluster.train`` call back to back as one
+        dataset, for ``fit(ds, epochs=E, steps_per_epoch=k)`` (each epoch is batched on its
+        own, so batch counts stay equal across workers); it ends after that call's last epoch
+        (a ``feed_stream``'s micro-batches: when the cluster shuts down), so what Keras reads
+        ahead past its last step never takes rows of the next call, and the next iteration
+        reads the next call. When it is dropped before (``fit`` returns), the call's epochs it
+        never reached are closed, so ``train`` can return.
 
         Blocks until the driver starts the first ``train`` (the tensor specs come from the
         pushed DataFrame's schema). A later ``train`` call may push a DataFrame with more
@@ -187,7 +189,7 @@ class NodeContext:
                 of one length in every row, as the driver finds them) one of that shape
                 holding the value.
             prefetch: batches prepared ahead of the training step.
-            repeat: one stream over every pushed epoch (see above); ``split="train"`` only,
+            repeat: one stream over a train call's epochs (see above); ``split="train"`` only,
                 since Keras starts a new pass over validation data every epoch.
             split: ``"train"`` (the default) or ``"validation"``: the rows of
                 ``cluster.train(..., validation=df_val)``, one pass per epoch.

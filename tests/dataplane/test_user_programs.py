@@ -694,6 +694,67 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         _stop(cluster, pids)
 
 
+def stream_then_pass_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Per train call, as a user schedules it under MultiWorkerMirroredStrategy: a ``fit`` over
+    a ``repeat=True`` stream whose ``epochs x steps_per_epoch`` is exactly the call's pushed
+    epochs; then a plain pass over the next call's epoch. The fit's last step lingers until
+    the next call has announced its epoch and pushed rows (the stream's read-ahead took them
+    when it did)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    buffer = ctx._buffer  # the test's way to see the next call arrive
+
+    class Linger(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):  # type: ignore[no-untyped-def]
+            deadline = time.monotonic() + 60
+            while buffer.metrics["epochs_begun"] < 3 * (1 + call) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(1.0)  # its rows arrive meanwhile
+
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for call in range(2):
+        stream = ctx.dataset(32, features="x", label="label", repeat=True)
+        h = model.fit(stream, epochs=2, steps_per_epoch=args["steps"], callbacks=[Linger()], verbose=0)
+        ids = [int(i) for b in ctx.dataset(32, features="id") for i in b.numpy()]
+        _write(os.path.join(args["dir"], f"node{ctx.node_id}-round{call}.json"),
+               {"steps": len(h.history["loss"]), "rows": len(ids), "unique": len(set(ids)),
+                "sum": sum(ids)})
+
+
+def test_a_stream_fit_dropped_at_its_last_step_leaves_the_next_call_whole(spark, tmp_path):
+    """``fit(ctx.dataset(repeat=True), epochs=2, steps_per_epoch=k)`` reads exactly one train
+    call, then the program's next pass reads the next call. The stream used to read ahead
+    into the next call's epoch as soon as the driver announced it (fit's last steps still
+    running): when fit dropped the stream those batches were lost, and the next pass found
+    its epoch closed: 0 rows, "ended their pass early"."""
+    rows = 1200  # 600 a worker: 19 batches of 32 (the last of 24), each 2 steps of 16 rows or fewer
+    cluster = dataplane.run(spark, stream_then_pass_main, {"dir": str(tmp_path), "steps": 38}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        for round in range(2):
+            df, nxt = _frame(spark, 0, rows, 3), _frame(spark, 10_000, rows, 3)
+            before = _rows_out(cluster)
+            report = cluster.train(df, 2, FEED_TIMEOUT)
+            assert (report.rows, report.rows_unconsumed, report.messages) == (2 * rows, {}, []), report
+            _balanced(cluster, report, before)
+            before = _rows_out(cluster)
+            report = cluster.train(nxt, 1, FEED_TIMEOUT)
+            assert (report.rows, report.rows_unconsumed, report.messages) == (rows, {}, []), report
+            _balanced(cluster, report, before)
+            got = [wait_json(tmp_path / f"node{n}-round{round}.json") for n in workers]
+            assert [g["steps"] for g in got] == [2, 2]
+            assert sum(g["rows"] for g in got) == sum(g["unique"] for g in got) == rows, got
+            assert sum(g["sum"] for g in got) == sum(range(10_000, 10_000 + rows)), got
+    finally:
+        _stop(cluster, pids)
+
+
 def early_stopped_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """fit(validation_data=...) that EarlyStopping ends after two of four epochs; then main
     returns, as most programs do."""
