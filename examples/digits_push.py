@@ -25,7 +25,7 @@ from examples._common import (
 )
 
 
-def _fit_multi_worker(strategy, ds, args: dict, num_workers: int):  # type: ignore[no-untyped-def]
+def _fit_multi_worker(strategy, ds, args: dict):  # type: ignore[no-untyped-def]
     """Synchronous data-parallel training across the nodes (all-reduce of the gradients)."""
     import keras
     import tensorflow as tf
@@ -33,7 +33,9 @@ def _fit_multi_worker(strategy, ds, args: dict, num_workers: int):  # type: igno
     with strategy.scope():
         model = build_mlp(args["hidden"], args["lr"])
         optimizer = keras.optimizers.Adam(args["lr"])
-    global_batch = args["batch_size"] * num_workers
+    # ctx.dataset's batch_size is the global batch: experimental_distribute_dataset splits each
+    # worker's batch over all the replicas, so a step trains on batch_size rows in all
+    global_batch = args["batch_size"]
 
     @tf.function
     def step(x, y):  # type: ignore[no-untyped-def]
@@ -71,7 +73,7 @@ def train_main(args: dict, ctx) -> None:  # type: ignore[no-untyped-def]
         model = build_mlp(args["hidden"], args["lr"])
         loss = model.fit(ds, epochs=args["epochs"], verbose=0).history["loss"][-1]
     else:  # Keras 3's fit() does not run under MultiWorkerMirroredStrategy: a custom loop does
-        model, loss = _fit_multi_worker(strategy, ds, args, ctx.num_workers)
+        model, loss = _fit_multi_worker(strategy, ds, args)
     if ctx.role == "chief":
         write_json(os.path.join(args["out"], "metrics.json"), {
             "accuracy": evaluate_local(model), "final_loss": float(loss),
