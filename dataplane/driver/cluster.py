@@ -291,7 +291,8 @@ class Cluster:
                 st = snap.get(nid)
                 if st is not None and not st.exited:
                     info = self.topology.node(nid) if self.topology else None
-                    failure = _lost(info.describe() if info else f"node {nid}", info, now - st.last_seen)
+                    failure = _lost(info.describe() if info else f"node {nid}", info, now - st.last_seen,
+                                    st.registration)
                     break
         if failure is not None:
             self._feeder.notes.add_to(failure)
@@ -409,7 +410,7 @@ class Cluster:
                     # fail too, and their errors would name them instead of the cause
                     return _died(name, info, self._peer_errors(snap, nid))
                 elif include_lost and not st.exited and now - st.last_seen > self._node_timeout:
-                    return _lost(name, info, now - st.last_seen)
+                    return _lost(name, info, now - st.last_seen, st.registration)
             if failed:
                 # a node whose own code failed before the ones whose collectives it broke
                 return next((e for e in failed if not _peer_symptom(e.remote_traceback)), failed[0])
@@ -553,7 +554,20 @@ class Cluster:
             self._state = "stopped"
 
 
-def _lost(name: str, info: NodeInfo | None, silent_for: float) -> NodeError:
+def _lost(name: str, info: NodeInfo | None, silent_for: float, registration: dict[str, Any]) -> NodeError:
+    pid = _local_pid(registration)
+    if pid and _alive(pid):
+        # its heartbeat thread got no turn: native code holding Python's lock
+        return NodeError(
+            f"{name} stopped responding {silent_for:.0f} s ago (no heartbeat), though its "
+            f"process (pid {pid}) still runs: its main is likely stuck in native code that holds "
+            f"Python's lock, so no other thread of the node runs. TensorFlow does this when a "
+            f"strategy waits for peers that never join (MultiWorkerMirroredStrategy in a "
+            f"cluster started with num_ps > 0, whose ps nodes take no part in it; a collective "
+            f"a worker never reaches). Use ParameterServerStrategy with ps nodes, "
+            f"MultiWorkerMirroredStrategy without.",
+            node=info, remote_traceback="(no traceback: the node did not answer)",
+        )
     return NodeError(
         f"{name} stopped responding {silent_for:.0f} s ago (no heartbeat): its process died or "
         f"was killed, or its executor was lost.",

@@ -197,6 +197,30 @@ def test_a_node_killed_outright_is_named_as_gone_not_as_slow(spark):
     assert node_processes(cluster.cluster_id) == []
 
 
+def test_a_node_stuck_holding_the_gil_is_named_as_alive_not_as_dead(spark):
+    # MultiWorkerMirroredStrategy made in a cluster with a ps node blocked in TensorFlow's native
+    # code without releasing Python's lock: heartbeats stopped, and the error said "its process
+    # died or was killed" of a process that was running
+    from tests.dataplane.mains import gil_holding_main
+
+    cluster = dataplane.run(spark, gil_holding_main, {"seconds": 60}, num_nodes=1, node_timeout=5.0,
+                            stop_grace=1.0)
+    node = cluster.nodes[0]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(NodeError) as info:
+            cluster.train(make_df(spark, 100, 1), feed_timeout=50)
+        assert time.monotonic() - t0 < 40
+        text = str(info.value)
+        assert f"{node.describe()} stopped responding" in text and f"process (pid {node.pid}) still runs" in text, text
+        assert "native code that holds Python's lock" in text and "num_ps > 0" in text, text
+    finally:
+        with pytest.raises(NodeError):
+            cluster.shutdown(timeout=20)
+    wait_gone([node.pid], 15)
+    assert node_processes(cluster.cluster_id) == []
+
+
 def test_a_worker_dying_under_mwms_is_named_not_the_peer_its_death_broke(spark):
     # the dead worker never reported; the chief's collective failed because of it and was the
     # only error: "node 0 (chief 0): main raised: UnavailableError: Collective ops is aborted"
