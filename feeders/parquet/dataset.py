@@ -102,7 +102,8 @@ def parquet_dataset(
     check_nulls(plan.location, plan.files, plan.metadata, specs, plan.hive)
     dense = not any(s.is_ragged for s in specs)
     chunk = chunk_rows_for(plan.metadata, wanted, int(batch_size)) if dense else int(batch_size)
-    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label, plan.hive, plan.window)
+    stream = ChunkStream(plan.location, plan.units, specs, plan.schema, chunk, label, plan.hive, plan.window,
+                         dict(zip(plan.files, plan.row_counts)))
     if dense:
         sig = signature(plan.schema, wanted, label, shapes)
         ds = generator_dataset(stream, sig)

@@ -34,6 +34,7 @@ import pyarrow as pa
 from feeders.parquet.plan import check_file
 from feeders.parquet.scan import to_arrays
 from feeders.readahead import IterAhead
+from formats.errors import StorageError
 from formats.fs import Location, storage_error
 from formats.hive import HiveColumns, add_constant_columns
 from formats.parquet_pages import PagesRefused, chunk_layout, iter_page_values
@@ -94,8 +95,10 @@ class PagedChunks:
         chunk_rows: int,
         pool: BufferPool,
         hive: HiveColumns = HiveColumns(),
+        planned_rows: Mapping[str, int] | None = None,
     ) -> None:
         self.loc = loc
+        self.planned_rows = planned_rows
         self.units = units
         self.specs = specs
         self.names = [s.name for s in specs]
@@ -135,12 +138,13 @@ class PagedChunks:
         pages = None
         try:
             pf = pq.ParquetFile(f, pre_buffer=remote, coerce_int96_timestamp_unit=INT96_UNIT)
-            check_file(self.loc, path, pf.schema_arrow, self.schema,
-                       self.hive.in_files(self.names))
+            planned = None if self.planned_rows is None else self.planned_rows.get(path)
+            check_file(self.loc, path, pf.schema_arrow, self.schema, self.hive.in_files(self.names),
+                       None if planned is None else (planned, pf.metadata.num_rows))
             pages = None if remote else self.loc.filesystem.open_input_file(path)
         except BaseException as exc:
             f.close()
-            if isinstance(exc, (OSError, pa.ArrowInvalid)):
+            if isinstance(exc, (OSError, pa.ArrowInvalid)) and not isinstance(exc, StorageError):
                 raise storage_error(exc, "read the Parquet footer of", where) from exc
             raise
         consts = self.hive.values[path] if self.hive else {}

@@ -327,8 +327,9 @@ def _balanced_units(loc: Location, files: list[str], metas: list[Any], shard: tu
     return units, (skip or 0, hi - lo)
 
 
-def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str]) -> None:
-    """A file must still have the planned columns and types (it may have been rewritten).
+def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema, names: Sequence[str],
+               rows: tuple[int, int] | None = None) -> None:
+    """A file must still have the planned columns, types and rows (it may have been rewritten).
 
     Args:
         loc: the data set's location.
@@ -336,11 +337,21 @@ def check_file(loc: Location, path: str, physical: pa.Schema, schema: pa.Schema,
         physical: the file's schema as read now.
         schema: the planned schema (:attr:`ParquetPlan.schema`).
         names: the columns read.
+        rows: (rows planned, rows now) of the file: the shards' row windows were cut from
+            the planned counts, so a file rewritten with other rows would be read short or cut.
 
     Raises:
         SchemaError: a column is gone or has another type (names the file; the fix is to build
             the dataset again).
+        StorageError: the file holds another number of rows than planned.
     """
+    if rows is not None and rows[0] != rows[1]:
+        raise StorageError(
+            f"{loc.display(path)} holds {rows[1]} rows, but it held {rows[0]} when the dataset "
+            f"was built: the file was rewritten since, and the shards' rows were planned from "
+            f"the old counts, so this pass would read some rows twice or not at all. Build the "
+            f"dataset again (each node, at the same time), or write new data to a new path."
+        )
     got = plain_schema(physical)
     for name in names:
         j = got.get_field_index(name)

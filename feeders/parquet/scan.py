@@ -3,7 +3,7 @@ its batches re-cut to an exact size, and Arrow batches converted to numpy."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -28,6 +28,7 @@ def scan_batches(
     names: list[str],
     chunk_rows: int,
     hive: HiveColumns = HiveColumns(),
+    planned_rows: Mapping[str, int] | None = None,
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """The units' record batches of (up to) ``chunk_rows`` rows of ``names``, in unit order,
     each with its file (as :meth:`Location.display` writes it, for errors).
@@ -91,7 +92,9 @@ def scan_batches(
             raise err from exc
         path = item.fragment.path
         if path not in checked:
-            check_file(loc, path, item.fragment.physical_schema, schema, in_files)
+            planned = None if planned_rows is None else planned_rows.get(path)
+            check_file(loc, path, item.fragment.physical_schema, schema, in_files,
+                       None if planned is None else (planned, item.fragment.metadata.num_rows))
             checked.add(path)
         batch = item.record_batch
         if batch.num_rows:

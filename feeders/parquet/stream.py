@@ -4,7 +4,7 @@ their pages (:mod:`feeders.parquet.pages`), and shaped as the dataset's elements
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -39,8 +39,10 @@ class ChunkStream:
         label: str | None = None,
         hive: HiveColumns = HiveColumns(),
         window: tuple[int, int] | None = None,
+        planned_rows: Mapping[str, int] | None = None,
     ) -> None:
         self.loc = loc
+        self.planned_rows = planned_rows  # path -> rows when planned: a rewritten file fails
         self.window = window  # (skip, take) of the units' rows: a shard's even share
         # Without ragged columns the generator yields the final structure (no graph map).
         self.dense = not any(s.is_ragged for s in specs)
@@ -67,13 +69,15 @@ class ChunkStream:
     def _arrays(self) -> Iterator[dict[str, Any]]:
         """The shard's rows as dicts of numpy arrays (chunks, or exact batches when ragged)."""
         if self.paged:
-            chunks = PagedChunks(self.loc, self.units, self.specs, self.schema, self.paged, self.chunk_rows, self.pool, self.hive)
+            chunks = PagedChunks(self.loc, self.units, self.specs, self.schema, self.paged, self.chunk_rows, self.pool, self.hive,
+                                 self.planned_rows)
             for lo, hi, arrays in _windowed(chunks, self.window, lambda a: len(next(iter(a.values())))):
                 yield arrays if (lo, hi) == (0, None) else {k: v[lo:hi] for k, v in arrays.items()}
             return
         # Dense: chunks of several batches, re-cut by Dataset.rebatch (cheap in C++).
         # Ragged: rebatch is slow for ragged tensors, so cut exact batches here instead.
-        batches = scan_batches(self.loc, self.units, self.schema, self.names, self.chunk_rows, self.hive)
+        batches = scan_batches(self.loc, self.units, self.schema, self.names, self.chunk_rows, self.hive,
+                               self.planned_rows)
         if self.window is not None:
             batches = ((where, b if (lo, hi) == (0, None) else b.slice(lo, (hi or b.num_rows) - lo))
                        for lo, hi, (where, b) in _windowed(batches, self.window, lambda wb: wb[1].num_rows))
