@@ -497,7 +497,15 @@ class FeedBuffer:
             return
         logger.info("epoch %d (%s): its pass was left after %d row(s) and its iterator not yet "
                     "destroyed; %s, so that pass ends here", ep.info.epoch, ep.info.split, ep.emitted, why)
+        ep.overtaken = why
         self._finish(ep, ep.emitted, complete=False, failure=None)
+
+    def overtaken(self, epoch: int) -> str | None:
+        """Why a newer reader ended the pass over ``epoch`` (None if none did): a pass read
+        after that was being read at the same time as the newer one."""
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            return None if ep is None else ep.overtaken
 
     def _waiting_hint(self, split: str) -> str | None:
         """Why a pass may wait for nothing, if earlier passes read every pushed epoch (None on

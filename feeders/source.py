@@ -148,6 +148,7 @@ def iterate_epoch(
                     return
                 item = convert(table)  # counted once converted: a batch may fail to
                 if not buffer.emit(epoch, rows):  # this pass was ended as abandoned
+                    _check_not_overtaken(buffer, info, emitted)
                     return
                 emitted += rows
                 yield item
@@ -162,6 +163,7 @@ def iterate_epoch(
                     table, pending = _take_rows(pending, tail)
                     item = convert(table)
                     if not buffer.emit(epoch, tail):
+                        _check_not_overtaken(buffer, info, emitted)
                         return
                     emitted += tail
                     yield item
@@ -170,6 +172,7 @@ def iterate_epoch(
                 complete = True
                 return
     except FeedStopped:
+        _check_not_overtaken(buffer, info, emitted)
         return
     except EpochWithdrawn:
         if sizes is not None:
@@ -184,6 +187,23 @@ def iterate_epoch(
         # Also when the pass is left early (GeneratorExit: break, take, steps_per_epoch, a
         # dropped iterator): the buffer then refuses the rest of this epoch at once.
         buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure, carry=carry)
+
+
+def _check_not_overtaken(buffer: FeedBuffer, info: EpochInfo, emitted: int) -> None:
+    """Raise if a newer reader ended this pass while it was still being read: two passes read
+    at once (a dropped iterator is never read again, so only its prefetch can get here, and
+    nobody reads what it then holds)."""
+    why = buffer.overtaken(info.epoch)
+    if why is None or buffer.stopped:
+        return
+    raise FeedError(
+        f"two passes over ctx.dataset(split={info.split!r}) were read at the same time: "
+        f"{why} while this pass over epoch {info.epoch} was still being read ({emitted} "
+        f"row(s) in). Each pass reads the next pushed epoch and a new pass ends the one "
+        f"before, so read passes one after another: not Dataset.zip((ds, ds)), an interleave "
+        f"or flat_map over ds, or two iterators advanced in turn. To read the rows twice, "
+        f"keep them (ds.cache()) or push them twice (train(df, num_epochs=2))."
+    )
 
 
 def _held_back(pending: list[pa.RecordBatch], rows: int) -> list[pa.RecordBatch]:

@@ -79,6 +79,9 @@ def test_producers_wait_on_a_full_buffer_and_stop_unblocks_them():
 
     t = threading.Thread(target=produce)
     t.start()
+    deadline = time.monotonic() + 30
+    while not buf._stalled and time.monotonic() < deadline:  # the producer now waits
+        time.sleep(0.01)
     time.sleep(0.5)
     snap = buf.snapshot()
     assert snap["buffer_bytes"] <= 3 * one and snap["rows_in"] == 300  # held at the limit
@@ -691,6 +694,25 @@ def test_a_repeat_stream_dropped_inside_a_cycle_leaves_nothing_for_the_next_data
     # the old stream's own end now skips nothing of the new reader's
     assert _collect_until(lambda: not live_iterators() - before), _why_alive(dropped)
     assert buf.snapshot() == m and {e: buf.epoch_state(e) for e in range(3)} == states
+
+
+def test_two_passes_read_at_the_same_time_fail_saying_so():
+    # Dataset.zip((ds, ds)) read two epochs as one and ended after a few batches; interleave
+    # over ds gave 1064 rows of 1000 and left the next pass empty; only an INFO line said why
+    import tensorflow as tf
+
+    from feeders.source import push_dataset
+
+    buf = FeedBuffer(1 << 20)
+    _pushed_image_epochs(buf, 3, 200)
+    ds = push_dataset(buf, batch_size=16, num_workers=1, features="id")
+    with pytest.raises(Exception, match=r"two passes over ctx.dataset\(split='train'\) were read at the same "
+                                        r"time: another reader of 'train' began while this pass over epoch 0 "
+                                        r"was still being read .*Dataset.zip\(\(ds, ds\)\)"):
+        for _ in tf.data.Dataset.zip((ds, ds)):
+            pass
+    # one pass after another still reads every row of the next epoch
+    assert sorted(int(i) for b in ds for i in b.numpy()) == list(range(200))
 
 
 def test_the_collector_runs_for_an_idle_pass_only_and_less_often_each_time(monkeypatch):
