@@ -311,7 +311,7 @@ class NodeContext:
         if not isinstance(path, str) or not path:
             raise ValueError(f"save_model needs a path (str), got {path!r}")
         if self.role == "chief" or self.num_workers <= 1:
-            model.save(path, **kwargs)
+            save_whole(lambda to: model.save(to, **kwargs), path, overwrite=kwargs.get("overwrite", True))
             return path
         scratch = tempfile.mkdtemp(prefix="dataplane-discarded-save-")
         try:
@@ -338,6 +338,45 @@ class NodeContext:
             return fs + path
         user = os.environ.get("USER") or os.environ.get("HADOOP_USER_NAME") or "root"
         return fs + posixpath.join("/user", user, path)
+
+
+def save_whole(save: Callable[[str], Any], path: str, *, overwrite: bool = True) -> None:
+    """``save(p)`` to a hidden sibling of a local ``path`` (same extension, which picks Keras's
+    format), then renamed onto it: ``path`` holds a whole model or what it held before, never
+    a half-written one (a peer lost mid-save under MultiWorkerMirroredStrategy left an empty
+    SavedModel folder that looked saved). Remote URLs are saved in place."""
+    import shutil
+
+    scheme = urlparse(path).scheme
+    if scheme not in ("", "file"):
+        save(path)
+        return
+    target = (urlparse(path).path if scheme else path).rstrip("/") or path
+    if not overwrite and os.path.lexists(target):
+        raise FileExistsError(f"{path} exists and save_model was given overwrite=False")
+    head, name = os.path.split(os.path.abspath(target))
+    stem, ext = os.path.splitext(name)
+    if ext.lower() not in (".keras", ".h5", ".hdf5"):
+        stem, ext = name, ""
+    partial = os.path.join(head, f".{stem}.partial-{os.getpid()}{ext}")
+    old = f"{partial}.old"
+    try:
+        save(partial)
+        if not os.path.lexists(target):
+            os.rename(partial, target)
+            return
+        os.rename(target, old)  # a folder cannot be renamed onto a folder
+        try:
+            os.rename(partial, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+    finally:
+        for leftover in (partial, old):
+            if os.path.isdir(leftover) and not os.path.islink(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+            elif os.path.lexists(leftover):
+                os.unlink(leftover)
 
 
 def _ragged_to_object(col) -> np.ndarray:  # type: ignore[no-untyped-def]
