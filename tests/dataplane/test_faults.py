@@ -101,10 +101,12 @@ def test_reservation_timeout_names_missing_nodes_and_slots(spark):
     blocker = threading.Thread(target=hold, daemon=True)
     blocker.start()
     try:
-        deadline = time.monotonic() + 30
-        while len(spark.sparkContext.statusTracker().getActiveJobsIds()) < 1 and time.monotonic() < deadline:
+        tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 30
+        while time.monotonic() < deadline:  # until both its tasks hold a slot
+            stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            if sum(st.numActiveTasks for st in stages if st is not None) >= 2:
+                break
             time.sleep(0.1)
-        time.sleep(1.0)  # its two tasks have started
         t0 = time.monotonic()
         with pytest.raises(ReservationError) as info:
             dataplane.run(spark, idle_main, num_nodes=2, reservation_timeout=5)
