@@ -156,14 +156,6 @@ def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.1)
 
 
-def gil_holding_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
-    """Block in native code that keeps Python's lock (libc sleep through ctypes.PyDLL), as a
-    TensorFlow strategy waiting for peers that never join does: no other thread runs."""
-    import ctypes
-
-    ctypes.PyDLL(None).sleep(int(args["seconds"]))
-
-
 def slow_reader_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """A slow model: 50 ms a batch over many pushed epochs; says when its first batch came."""
     ds = ctx.dataset(64)
