@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["Shard", "normalize_shard", "balanced_shards"]
+__all__ = ["Shard", "normalize_shard", "balanced_shards", "agreed"]
 
 
 #: ``(index, count)``: this reader is shard ``index`` of ``count``.
@@ -54,6 +54,20 @@ def normalize_shard(shard: Any) -> Shard | None:
             f"role receives no data (ps, evaluator) cannot read a training shard."
         )
     return index, count
+
+
+def agreed(shard: Any, key: str, value: Any) -> tuple[int | None, Any]:
+    """The listing every reader of a cluster shards: ``(first node's id, its value)`` when
+    ``shard`` is a node ctx (its ``agree`` settles one value for the n-th call of every node),
+    ``(None, value)`` for a tuple or ``None`` shard, which have no cluster to agree with.
+
+    Each node lists the path itself, so a file written between two nodes' listings would make
+    their shards cut different row ranges: rows read twice or never, without a word."""
+    agree = getattr(shard, "agree", None)
+    if agree is None or isinstance(shard, (tuple, list)):
+        return None, value
+    first, settled = agree(key, value)
+    return int(first), settled
 
 
 def balanced_shards(sizes: Sequence[int], count: int) -> list[int]:

@@ -74,6 +74,8 @@ class ControlServer(flight.FlightServerBase):
         self.stopping = False
         self.role_error: str | None = None
         self.launch_failures: dict[int, dict[str, str]] = {}
+        # (key, n) -> (node id, value): the first node's value of its n-th ctx.agree(key, ...)
+        self.agreed: dict[tuple[str, int], tuple[int, Any]] = {}
 
     @property
     def location(self) -> str:
@@ -176,6 +178,14 @@ class ControlServer(flight.FlightServerBase):
             if self.stopping:
                 return {"ready": False, "stop": True}
             return {"ready": True, "topology": self.topology.to_json()}  # type: ignore[union-attr]
+
+    def _on_agree(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The value of the first node to ask: every node's n-th ``ctx.agree(key, value)`` gets it."""
+        node_id = int(body["node_id"])
+        with self._cond:
+            self._touch(body)
+            first = self.agreed.setdefault((str(body["key"]), int(body["n"])), (node_id, body["value"]))
+        return {"node_id": first[0], "value": first[1]}
 
     def _on_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         self._show_log(body)

@@ -49,6 +49,7 @@ class NodeContext:
         default_fs: str,
         stop_event: threading.Event,
         polls_stop: threading.Event | None = None,
+        agree: Callable[[str, int, Any], tuple[int, Any]] | None = None,
     ) -> None:
         self.node = node
         self.role = node.role
@@ -67,6 +68,9 @@ class NodeContext:
         self._polls_stop = polls_stop if polls_stop is not None else threading.Event()
         self._epoch_lock = threading.Lock()
         self._main_thread = threading.current_thread()  # made by the thread that runs main
+        self._agree = agree
+        self._agreements: dict[str, int] = {}
+        self._agree_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"NodeContext({self.role} {self.index}, node {self.node_id}, {self.num_workers} workers)"
@@ -295,6 +299,23 @@ class NodeContext:
                 broker.batches += 1
             except BaseException as e:  # noqa: BLE001 - handed to the caller of inference
                 fut.set_exception(e)
+
+    def agree(self, key: str, value: Any) -> tuple[int, Any]:
+        """Settle one value for every node: this node's ``n``-th call with ``key`` returns the
+        value of the first node to make its ``n``-th call with ``key``, as ``(node_id, value)``.
+
+        The readers use it with ``shard=ctx`` so that every node shards the same file listing,
+        even when files arrive while the nodes list the path. ``value`` must be JSON (lists,
+        dicts, strings, numbers); the driver keeps each first value for the cluster's life.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"agree needs a non-empty string key, got {key!r}")
+        with self._agree_lock:
+            n = self._agreements.get(key, 0)
+            self._agreements[key] = n + 1
+        if self._agree is None:  # a context without a driver (tests): it is the first
+            return self.node_id, value
+        return self._agree(key, n, value)
 
     def save_model(self, model: Any, path: str, **kwargs: Any) -> str | None:
         """Save a Keras model the way MultiWorkerMirroredStrategy needs: call it on every chief

@@ -193,6 +193,16 @@ class _Node:
         body = dict(body, node_id=self.node_id)
         return do_json_action(client, self.secret, name, body, timeout=timeout)
 
+    def _agree(self, key: str, n: int, value: Any) -> tuple[int, Any]:
+        """The driver's answer to this node's ``n``-th ``ctx.agree(key, value)``: (the first
+        asking node's id, its value)."""
+        client = self._driver()
+        try:
+            reply = self._action(client, "agree", {"key": key, "n": n, "value": value}, timeout=60.0)
+        finally:
+            client.close()
+        return int(reply["node_id"]), reply["value"]
+
     def _bind_flight(self, host: str):  # type: ignore[no-untyped-def]
         import pyarrow.flight as flight
 
@@ -433,6 +443,7 @@ class _Node:
                 default_fs=self.cfg.default_fs,
                 stop_event=self.stop_event,
                 polls_stop=self.server.main_polls_stop,
+                agree=self._agree,
             )
             main(args, ctx)
         except NodeShutdown:

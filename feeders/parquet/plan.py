@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from feeders.shard import normalize_shard
+from feeders.shard import agreed, normalize_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, listing_root, parquet_files, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
@@ -278,6 +278,8 @@ def plan_parquet(
     else:
         with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
             metas = list(pool.map(lambda p: _read_footer(loc, p), files))
+    if shard_t is not None:
+        files, metas = _agreed_listing(loc, files, metas, shard)
     first = parquet_arrow_schema(metas[0])
     schema = plain_schema(first)
     skipped = [c for c in pandas_index_columns(first) if columns is None or c not in columns]
@@ -295,6 +297,49 @@ def plan_parquet(
     else:
         units, window = _balanced_units(loc, files, metas, shard_t)
     return ParquetPlan(loc, files, schema, metas, units, hive, skipped, window)
+
+
+def _agreed_listing(loc: Location, files: list[str], metas: list[Any], shard: Any) -> tuple[list[str], list[Any]]:
+    """The files and footers every node of a cluster shards: the first node's listing (see
+    :func:`feeders.shard.agreed`); this node's own when ``shard`` has no cluster."""
+    first, listing = agreed(shard, f"parquet files {loc.url}", [[f, m.num_rows] for f, m in zip(files, metas)])
+    if first is None:
+        return files, metas
+    mine = dict(zip(files, metas))
+    out_files, out_metas = [], []
+    for path, rows in listing:
+        meta = mine.get(path)
+        if meta is None:  # written after this node listed the path, or listed by another node only
+            try:
+                meta = _read_footer(loc, path)
+            except StorageError as exc:
+                raise StorageError(
+                    f"node {first}, the first to plan this dataset, listed {loc.display(path)}, "
+                    f"but this node cannot read it: {exc} The files changed while the nodes "
+                    f"listed {loc.url}. Build the dataset once the path holds what it should, "
+                    f"or write new data to a new path."
+                ) from exc
+        if meta.num_rows != rows:
+            raise StorageError(
+                f"{loc.display(path)} holds {meta.num_rows} rows here, but {rows} when node "
+                f"{first} planned this dataset: the file was rewritten while the nodes listed "
+                f"{loc.url}, and their shards would cut different rows. Build the dataset "
+                f"again, or write new data to a new path."
+            )
+        out_files.append(path)
+        out_metas.append(meta)
+    if out_files != files:
+        extra = sorted(set(files) - set(out_files))
+        logger.warning(
+            "%s: this node listed %d file(s) (%d rows), node %d, the first to plan this dataset, "
+            "%d (%d rows); every node shards node %d's listing, so no row is read twice or "
+            "skipped. %s", loc.url, len(files), sum(m.num_rows for m in metas), first,
+            len(out_files), sum(m.num_rows for m in out_metas), first,
+            f"Files written since it listed ({loc.display(extra[0])}"
+            f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}) are not read by this "
+            f"dataset; build it again to read them." if extra else "",
+        )
+    return out_files, out_metas
 
 
 def _balanced_units(loc: Location, files: list[str], metas: list[Any], shard: tuple[int, int]) -> tuple[list[tuple[str, list[int] | None]], tuple[int, int]]:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from feeders.elements import validate_reader_args
 from feeders.generator import generator_dataset
 from feeders.shard import normalize_shard
-from feeders.tfrecord.plan import check_records, plan_tfrecord, select_columns, shard_files
+from feeders.tfrecord.plan import agreed_files, check_records, plan_tfrecord, select_columns, shard_files
 from feeders.tfrecord.stream import RecordBatches, layout_holds
 from formats.example_layout import VALUE_DTYPES, layout_columns
 from formats.features import ragged_dims, row_lengths_key
@@ -177,6 +177,9 @@ def tfrecord_dataset(
     plan = plan_tfrecord(
         path_or_url, schema=schema, compression=compression, filesystem=filesystem, sample=sample
     )
+    sizes = None
+    if shard_t is not None:
+        plan, sizes = agreed_files(plan, shard)
     chosen = select_columns(plan.specs, columns, label, fill_values, plan.location.url)
     specs = declare_shapes(chosen, shapes)
     check_records(plan.location, plan.files, plan.compression, specs)
@@ -185,7 +188,7 @@ def tfrecord_dataset(
     files, record_shard = plan.files, None
     if shard_t is not None:
         if len(files) >= shard_t[1]:
-            files = shard_files(plan.location, files, shard_t)
+            files = shard_files(plan.location, files, shard_t, sizes)
         else:
             record_shard = shard_t
     dense = not any(s.is_ragged for s in specs)

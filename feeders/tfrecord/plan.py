@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from feeders.shard import balanced_shards
+from feeders.shard import agreed, balanced_shards
 from feeders.tfrecord.files import open_record_batches, sample_records
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, resolve, storage_error
@@ -21,7 +21,7 @@ from formats.schema import ColumnSpec, check_fill_value, column_specs, fill_exam
 from formats.schemafile import SCHEMA_FILE_NAME, TFRecordSchema, empty_export, find_schema_file
 from formats.tfrecord import normalize_compression
 
-__all__ = ["TFRecordPlan", "plan_tfrecord", "select_columns", "check_records", "shard_files"]
+__all__ = ["TFRecordPlan", "plan_tfrecord", "select_columns", "check_records", "shard_files", "agreed_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -242,12 +242,39 @@ def _fill_hint(spec: ColumnSpec) -> str:
     return "''" if spec.dtype == "string" else "0"
 
 
-def shard_files(loc: Any, files: list[str], shard: tuple[int, int]) -> list[str]:
+def _sizes(loc: Any, files: list[str]) -> list[int]:
+    return [max(0, int(i.size or 0)) for i in loc.filesystem.get_file_info(files)] if files else []
+
+
+def agreed_files(plan: TFRecordPlan, shard: Any) -> tuple[TFRecordPlan, list[int]]:
+    """The files and sizes every node of a cluster shards: the first node's listing (see
+    :func:`feeders.shard.agreed`), so a file written while the nodes list the path is read by
+    all of them or none; this node's own listing when ``shard`` has no cluster."""
+    loc = plan.location
+    sizes = _sizes(loc, plan.files)
+    first, listing = agreed(shard, f"tfrecord files {loc.url}", [[f, n] for f, n in zip(plan.files, sizes)])
+    if first is None:
+        return plan, sizes
+    files, settled = [str(f) for f, _ in listing], [int(n) for _, n in listing]
+    if files != plan.files:
+        extra = sorted(set(plan.files) - set(files))
+        logger.warning(
+            "%s: this node listed %d file(s), node %d, the first to plan this dataset, %d; every "
+            "node shards node %d's listing, so no record is read twice or skipped.%s", loc.url,
+            len(plan.files), first, len(files), first,
+            f" Files written since it listed ({loc.display(extra[0])}"
+            f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}) are not read by this "
+            f"dataset; build it again to read them." if extra else "",
+        )
+    return dataclasses.replace(plan, files=files), settled
+
+
+def shard_files(loc: Any, files: list[str], shard: tuple[int, int], sizes: list[int] | None = None) -> list[str]:
     """This shard's files: contiguous runs holding about ``1/count`` of the bytes (records
-    are not counted without reading them; bytes stand in for rows). Warns when the shards
-    still differ much."""
+    are not counted without reading them; bytes stand in for rows; ``sizes`` as every node
+    listed them, see :func:`agreed_files`). Warns when the shards still differ much."""
     index, count = shard
-    sizes = [max(0, int(i.size or 0)) for i in loc.filesystem.get_file_info(files)]
+    sizes = _sizes(loc, files) if sizes is None else sizes
     owner = balanced_shards(sizes, count)
     held = [0] * count
     for n, o in zip(sizes, owner):

@@ -1152,3 +1152,54 @@ def test_pull_shards_of_uneven_files_under_a_collective_loop(spark, tmp_path):
     for e in range(2):
         assert [s[e]["ids"] for s in seen] == [list(range(763)), list(range(763, 1527))]
         assert [s[e]["total"] for s in seen] == [1527, 1527]  # the all-reduce saw every row
+
+
+def _lists_while_files_arrive_main(args, ctx):  # type: ignore[no-untyped-def]
+    """The chief plans its shard; a writer adds a file; then the worker plans its own."""
+    import feeders
+
+    flag = os.path.join(args["dir"], "chief-planned.json")
+    if ctx.worker_index == 1:
+        from pathlib import Path
+
+        wait_json(Path(flag))
+    ds = feeders.parquet_dataset(args["path"], batch_size=64, shard=ctx)
+    if ctx.worker_index == 0:
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa_table(1000, 1500), os.path.join(args["path"], "part-9.parquet"))
+        _write(flag, True)
+    _write(os.path.join(args["dir"], f"ids{ctx.worker_index}.json"),
+           [int(i) for b in ds for i in b["id"].numpy()])
+
+
+def pa_table(lo: int, hi: int):  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+
+    return pa.table({"id": np.arange(lo, hi, dtype=np.int64), "x": np.arange(lo, hi, dtype=np.float32)})
+
+
+def test_pull_shards_agree_on_one_listing_when_a_file_arrives_between_the_nodes(spark, tmp_path, capsys):
+    """Each node listed the path itself: a file written between the chief's listing and the
+    worker's made them cut rows from different totals (1000 vs 1500), and rows 500-749 were
+    read by neither, without a word. The driver now settles one listing for every node."""
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(2):
+        pq.write_table(pa_table(500 * k, 500 * (k + 1)), str(data / f"part-{k}.parquet"))
+    cluster = dataplane.run(spark, _lists_while_files_arrive_main,
+                            {"path": str(data), "dir": str(tmp_path)}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        cluster.shutdown(timeout=120)
+    finally:
+        wait_gone(pids, 30)
+    ids = [wait_json(tmp_path / f"ids{i}.json") for i in range(2)]
+    assert ids == [list(range(500)), list(range(500, 1000))]  # the chief's listing: no row lost
+    err = capsys.readouterr().err
+    line = next((ln for ln in err.splitlines() if "the first to plan this dataset" in ln), err[-3000:])
+    assert line.startswith("[node 1 worker]"), line
+    assert "this node listed 3 file(s) (1500 rows), node 0, the first to plan this dataset, 2 (1000 rows)" in line, line
+    assert "part-9.parquet) are not read by this dataset; build it again to read them." in line, line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 import feeders
 from feeders.shard import balanced_shards, normalize_shard
+from formats.errors import StorageError
 from tests.builders import numeric_table, row_checksum, write_parquet_files, write_tfrecord_files
 
 
@@ -137,3 +139,81 @@ def test_tensorflow_io_shards_split_the_rows_as_the_native_reader_does(tmp_path)
     got = [feeders.tfio_parquet_dataset(tmp_path / "two", batch_size=4, shard=(i, 3)) for i in range(3)]
     assert [_ids(d).tolist() for d in got] == [[], [0], [1]]
     assert got[0].element_spec == got[1].element_spec
+
+
+class _Driver:
+    """The driver's side of ``ctx.agree``: the first node's value of every (key, n-th call),
+    through JSON as on the wire."""
+
+    def __init__(self) -> None:
+        self.agreed: dict = {}
+        self.ctxs: dict = {}
+
+    def ctx(self, worker_index: int, num_workers: int = 2):  # type: ignore[no-untyped-def]
+        if worker_index in self.ctxs:
+            return self.ctxs[worker_index]
+        calls: dict = {}
+
+        def agree(key, value):  # type: ignore[no-untyped-def]
+            n = calls[key] = calls.get(key, -1) + 1
+            first = self.agreed.setdefault((key, n), (worker_index, json.loads(json.dumps(value))))
+            return first
+
+        ctx = self.ctxs[worker_index] = SimpleNamespace(
+            role="worker", index=worker_index, worker_index=worker_index, num_workers=num_workers,
+            agree=agree)
+        return ctx
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])
+def test_a_file_written_between_two_nodes_listings_is_read_by_neither(fmt, tmp_path, caplog):
+    """Node 0 plans, a file arrives, node 1 plans. Each node used to shard its own listing:
+    node 1 then cut its rows from 300 where node 0 cut from 200, and rows 100-149 were read by
+    no one (TFRecord: by bytes, files moved between shards). Now both shard node 0's listing."""
+    import logging
+
+    read = feeders.parquet_dataset if fmt == "parquet" else feeders.tfrecord_dataset
+    write = write_parquet_files if fmt == "parquet" else write_tfrecord_files
+    table = numeric_table(300).select(["id", "f0"])
+    driver = _Driver()
+    if fmt == "parquet":
+        write(table.slice(0, 200), tmp_path, files=2)
+    else:
+        for k in range(4):
+            write(table.slice(50 * k, 50), tmp_path, suffix=f"-{k}.tfrecord")
+    first = read(tmp_path, batch_size=32, shard=driver.ctx(0))
+    late = tmp_path / "late"
+    write(table.slice(200, 100), late, **({"files": 1} if fmt == "parquet" else {"suffix": "-9.tfrecord"}))
+    for f in late.iterdir():
+        f.rename(tmp_path / ("part-99999.parquet" if fmt == "parquet" else f.name))
+    late.rmdir()
+    logger = "feeders.parquet.plan" if fmt == "parquet" else "feeders.tfrecord.plan"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        second = read(tmp_path, batch_size=32, shard=driver.ctx(1))
+    parts = [_ids(first), _ids(second)]
+    both = np.concatenate(parts)
+    assert len(both) == 200 and row_checksum(both) == row_checksum(np.arange(200)), [len(p) for p in parts]
+    said = [r.getMessage() for r in caplog.records if "the first to plan this dataset" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert "node 0, the first to plan this dataset" in said[0] and "build it again to read them" in said[0], said
+    assert ("part-99999.parquet" if fmt == "parquet" else "-9.tfrecord") in said[0], said
+    # the next build of each node agrees again, on the listing of now
+    again = [_ids(read(tmp_path, batch_size=32, shard=driver.ctx(i))) for i in (1, 0)]
+    assert sorted(np.concatenate(again).tolist()) == list(range(300))
+
+
+def test_a_parquet_file_rewritten_or_deleted_while_the_nodes_list_fails_the_late_node(tmp_path):
+    import pyarrow.parquet as pq
+
+    table = numeric_table(200).select(["id", "f0"])
+    paths = write_parquet_files(table, tmp_path, files=2)
+    driver = _Driver()
+    feeders.parquet_dataset(tmp_path, batch_size=32, shard=driver.ctx(0))
+    pq.write_table(table.slice(100, 10), paths[1])  # rewritten with 10 rows of 100
+    with pytest.raises(StorageError, match=r"part-00001.parquet holds 10 rows here, but 100 when node 0 planned"):
+        feeders.parquet_dataset(tmp_path, batch_size=32, shard=driver.ctx(1))
+    driver = _Driver()
+    feeders.parquet_dataset(tmp_path, batch_size=32, shard=driver.ctx(0))
+    paths[1].unlink()
+    with pytest.raises(StorageError, match=r"node 0, the first to plan this dataset, listed .*part-00001.parquet, but this node cannot read it"):
+        feeders.parquet_dataset(tmp_path, batch_size=32, shard=driver.ctx(1))
