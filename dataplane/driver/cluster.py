@@ -358,6 +358,34 @@ class Cluster:
             self._clients[node.node_id] = c
         return c
 
+    def _answer(self, node: NodeInfo, call: Callable[[], dict[str, Any]], timeout: float) -> dict[str, Any]:
+        """``call()``, but a node that stops heartbeating meanwhile (its main holds Python's lock
+        in native code, or the process is stopped) fails the wait once it is lost, after
+        ``node_timeout``, rather than after the action's own ``timeout``."""
+        if timeout <= self._node_timeout:
+            return call()
+        done = threading.Event()
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["reply"] = call()
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                out["error"] = e
+            done.set()
+
+        threading.Thread(target=run, name="dataplane-action", daemon=True).start()
+        while not done.wait(0.5):
+            st = self._control.snapshot().get(node.node_id)
+            if st is not None and not (st.done or st.exited) and (
+                    time.monotonic() - st.last_seen > self._node_timeout):
+                err = self._node_failure()
+                if err is not None:
+                    raise err
+        if "error" in out:
+            raise out["error"]
+        return out["reply"]
+
     def _node_action(self, node: NodeInfo, name: str, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
         import pyarrow.flight as flight
 
@@ -365,7 +393,8 @@ class Cluster:
         from feeders.flight import flight_message
 
         try:
-            return do_json_action(self._client(node), self._secret, name, body, timeout=timeout)
+            return self._answer(node, lambda: do_json_action(
+                self._client(node), self._secret, name, body, timeout=timeout), timeout)
         except flight.FlightError as e:
             err = self._node_failure(grace=2.0)
             if err is not None:

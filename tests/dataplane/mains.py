@@ -156,6 +156,14 @@ def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.1)
 
 
+def gil_holding_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Blocks in native code without releasing Python's lock (as MultiWorkerMirroredStrategy
+    made with a ps node does): no heartbeat, no answer to actions, but the process runs."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(int(args["seconds"]))
+
+
 def slow_reader_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """A slow model: 50 ms a batch over many pushed epochs; says when its first batch came."""
     ds = ctx.dataset(64)

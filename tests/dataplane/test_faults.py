@@ -199,12 +199,35 @@ def test_a_node_killed_outright_is_named_as_gone_not_as_slow(spark):
     assert node_processes(cluster.cluster_id) == []
 
 
+def test_a_node_stuck_holding_the_gil_fails_train_after_node_timeout_not_the_action_timeout(spark):
+    # A main blocked in native code holding Python's lock (MultiWorkerMirroredStrategy made with
+    # a ps node) answers no action: train()'s begin_epoch waited out its own 30 s timeout (61 s
+    # in all once), though the node was lost after node_timeout (3 s) without a heartbeat.
+    from tests.dataplane.mains import gil_holding_main
+
+    cluster = dataplane.run(spark, gil_holding_main, {"seconds": 45}, num_nodes=1, node_timeout=3.0,
+                            stop_grace=1.0)
+    node = cluster.nodes[0]
+    try:
+        df = make_df(spark, 100, 1)
+        t0 = time.monotonic()
+        with pytest.raises(NodeError) as info:
+            cluster.train(df, feed_timeout=50)
+        took = time.monotonic() - t0
+        text = str(info.value)
+        assert f"{node.describe()} stopped responding" in text and f"process (pid {node.pid}) still runs" in text, text
+        assert took < 25, f"train() took {took:.0f} s to name a node lost after 3 s: {text}"
+    finally:
+        with pytest.raises(NodeError):
+            cluster.shutdown(timeout=20)
+    wait_gone([node.pid], 30)
+    assert node_processes(cluster.cluster_id) == []
+
+
 def test_a_silent_node_whose_process_runs_is_named_as_alive_not_as_dead():
     # MultiWorkerMirroredStrategy made in a cluster with a ps node blocked in TensorFlow's native
     # code without releasing Python's lock: heartbeats stopped, and the error said "its process
-    # died or was killed" of a process that was running. (Run end to end, a train() whose
-    # begin_epoch reached the node after it stopped answering waited for that action's own
-    # timeout, not node_timeout: see the session note; so the message is checked here.)
+    # died or was killed" of a process that was running.
     from dataplane.driver.cluster import _lost
 
     alive = subprocess.Popen(["sleep", "30"])
