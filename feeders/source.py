@@ -147,8 +147,7 @@ def iterate_epoch(
                 if buffer.stopped:  # a stop without drain (the driver is failing): end now
                     return
                 item = convert(table)  # counted once converted: a batch may fail to
-                if not buffer.emit(epoch, rows):  # this pass was ended as abandoned
-                    _check_not_overtaken(buffer, info, emitted)
+                if not _emit(buffer, info, emitted, rows):
                     return
                 emitted += rows
                 yield item
@@ -162,8 +161,7 @@ def iterate_epoch(
                 if tail > 0 and not drop_remainder:
                     table, pending = _take_rows(pending, tail)
                     item = convert(table)
-                    if not buffer.emit(epoch, tail):
-                        _check_not_overtaken(buffer, info, emitted)
+                    if not _emit(buffer, info, emitted, tail):
                         return
                     emitted += tail
                     yield item
@@ -187,6 +185,15 @@ def iterate_epoch(
         # Also when the pass is left early (GeneratorExit: break, take, steps_per_epoch, a
         # dropped iterator): the buffer then refuses the rest of this epoch at once.
         buffer.finish_epoch(epoch, emitted, complete=complete, failure=failure, carry=carry)
+
+
+def _emit(buffer: FeedBuffer, info: EpochInfo, emitted: int, rows: int) -> bool:
+    """Count ``rows`` as yielded; False when this pass was ended as abandoned (raises if a
+    newer reader ended it: see :func:`_check_not_overtaken`)."""
+    if buffer.emit(info.epoch, rows):
+        return True
+    _check_not_overtaken(buffer, info, emitted)
+    return False
 
 
 def _check_not_overtaken(buffer: FeedBuffer, info: EpochInfo, emitted: int) -> None:

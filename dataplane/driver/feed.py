@@ -448,6 +448,7 @@ class Feeder:
         # closes all of them at once, and no epoch of this call can be mistaken for the next
         # program step's data.
         books: list[_EpochBooks] = []
+        last: list[bool] = []  # the call's last epoch of its split: a repeat=True stream ends there
         for e in range(num_epochs):
             for sp in splits:
                 ep = _EpochBooks(self._epoch, list(workers), sp.name, sp, balance=balance,
@@ -460,12 +461,13 @@ class Feeder:
                     else:
                         ep.record = cid
                 books.append(ep)
+                last.append(not carry and e == num_epochs - 1)
         begins = [
             BeginEpoch(ep.epoch, ep.source.schema_ipc, ep.source.shapes, split=ep.source.name,
                        shuffle=shuffle, seed=seed, record=ep.record, replay=ep.replay,
                        carry=ep.carry, carry_from=carry_from if ep.carried_in else None,
-                       ends_call=not ep.carry and i >= len(books) - len(splits)).to_json()
-            for i, ep in enumerate(books)
+                       ends_call=ends).to_json()
+            for ep, ends in zip(books, last)
         ]
         self._each(workers, Action.BEGIN_EPOCH, lambda n: {"epochs": begins})  # in order, at once
         try:
