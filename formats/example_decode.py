@@ -374,7 +374,8 @@ def _build_column(
 
 
 def decode_examples(
-    records: Sequence[bytes], specs: Sequence[ColumnSpec], *, name: str = "records"
+    records: Sequence[bytes], specs: Sequence[ColumnSpec], *, name: str = "records",
+    unknown: str | None = None,
 ) -> pa.Table:
     """Decode serialized ``tf.train.Example`` records into an Arrow table, one row per record.
 
@@ -383,6 +384,9 @@ def decode_examples(
         specs: the columns to read (from the schema file or :func:`infer_specs`); a spec's
             ``arrow_type`` is restored when set.
         name: what to call the records in errors (the file path).
+        unknown: None (default: features outside ``specs`` are skipped), or why ``specs`` are
+            all there is (e.g. "inferred from the first 1000 records; ..."): a feature outside
+            them is then a SchemaError, since skipping it would drop its data unnoticed.
 
     Raises:
         RecordError: a record is not a valid Example or its values do not fit the spec.
@@ -408,6 +412,11 @@ def decode_examples(
             col = collectors.get(key)
             if col is not None:
                 col.add(i, rec, kind, s, e, name)
+            elif unknown is not None:
+                raise SchemaError(
+                    f"{name}: record {i} of this batch has feature {key!r}, which is not in "
+                    f"the schema ({unknown}); its values would be dropped."
+                )
     finished = {}
     for key, col in collectors.items():
         try:

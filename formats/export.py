@@ -171,7 +171,7 @@ def write_tfrecords(
     df = dense_vectors(df)  # Spark ML vectors (VectorAssembler's) as float64 arrays
     arrow_schema = spark_arrow_schema(df.schema)
     specs = column_specs(arrow_schema, flatten_structs=flatten_structs)
-    out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode)
+    out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode, sources=_input_files(df))
     task = _WriteTask(out.filesystem, out.staging, specs, comp)
     try:
         data = df.repartition(num_files) if num_files else df
@@ -192,6 +192,14 @@ def write_tfrecords(
         raise
 
 
+def _input_files(df: Any) -> list[str]:
+    """The files a DataFrame reads (``df.inputFiles()``; none for one built in memory)."""
+    try:
+        return list(df.inputFiles())
+    except Exception:  # noqa: BLE001 - a plan Spark cannot list files for
+        return []
+
+
 # ---------------------------------------------------------------------------------------------
 # the read job
 
@@ -210,7 +218,8 @@ class _ReadTask:
     """Decodes the files whose indices arrive in its input batches (picklable)."""
 
     def __init__(self, filesystem: Any, files: list[str], comps: list[str | None], specs: list[ColumnSpec],
-                 target: pa.Schema, batch_size: int) -> None:
+                 target: pa.Schema, batch_size: int, unknown: str | None = None) -> None:
+        self.unknown = unknown  # see decode_examples: set when the specs were inferred
         self.filesystem = filesystem
         self.files = files
         self.comps = comps
@@ -239,7 +248,7 @@ class _ReadTask:
                         yield self._decode(decode_examples, chunk, path)
 
     def _decode(self, decode: Any, chunk: list[bytes], path: str) -> pa.RecordBatch:
-        table = decode(chunk, self.specs, name=path)
+        table = decode(chunk, self.specs, name=path, unknown=self.unknown)
         cols = [table.column(i).cast(f.type) for i, f in enumerate(self.target)]
         return pa.Table.from_arrays(cols, schema=self.target).combine_chunks().to_batches()[0]
 
@@ -319,6 +328,7 @@ def read_tfrecords(
     declared = normalize_compression(compression) if compression else (found.compression if found else None)
     comps = [_compression_of(f, declared) for f in files]
     spark_schema = None
+    unknown = None
     if found is not None:
         specs = list(found.specs)
         if found.spark_schema:
@@ -336,6 +346,10 @@ def read_tfrecords(
         specs = list(schema)
     else:
         specs = _infer(fs, files, comps, sample, loc.url)
+        unknown = (
+            f"inferred from the first {sample} records; pass a larger sample= (dataplane export "
+            f"--sample N) or schema= naming every feature"
+        )
     if spark_schema is None:
         spark_schema = T.StructType(
             [T.StructField(s.name, _spark_type_for(s.name, s.arrow_type or _default_arrow(s)), True)
@@ -346,7 +360,7 @@ def read_tfrecords(
     if not files:
         return spark.createDataFrame([], spark_schema)
     _check_first_records(fs, files, comps, specs, loc)
-    task = _ReadTask(fs, files, comps, specs, target, batch_size)
+    task = _ReadTask(fs, files, comps, specs, target, batch_size, unknown)
     ids = spark.range(0, len(files), 1, numPartitions=len(files))
     return ids.mapInArrow(task, spark_schema)
 

@@ -383,7 +383,7 @@ def parquet_to_tfrecords(
     specs = column_specs(target, flatten_structs=flatten_structs)
     groups = [g for info in infos for g in info.row_groups]
     plan = _plan(groups, num_files, _parallelism(spark))
-    out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode)
+    out = StagedOutput.prepare(path, filesystem=filesystem, mode=mode, sources=[os.fspath(src)])
     try:
         stats = []
         if plan:

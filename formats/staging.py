@@ -38,7 +38,7 @@ from formats.tfrecord import compression_suffix
 
 __all__ = [
     "ExportResult", "STATS_SCHEMA", "StagedOutput", "write_partition", "job_progress", "task_error",
-    "dense_specs",
+    "dense_specs", "check_not_reading_from",
 ]
 
 logger = logging.getLogger(__name__)
@@ -209,6 +209,38 @@ def _remove(fs: Any, path: str) -> None:
         logger.debug("could not remove %s", path, exc_info=True)
 
 
+def _place(path_or_url: str) -> str:
+    """``scheme://host/path`` of a local path or URL, without touching any filesystem; a glob
+    pattern stands for the folder before its first wildcard."""
+    from urllib.parse import unquote
+
+    p = os.fspath(path_or_url)
+    if p[:5].lower() == "file:" and p[5:6] == "/" and p[5:7] != "//":
+        p = "file://" + p[5:]  # Hadoop's file:/path
+    cut = min((p.index(c) for c in "*?[" if c in p), default=-1)
+    if cut >= 0:
+        p = p[:cut].rsplit("/", 1)[0]
+    if "://" not in p:
+        return "file://" + os.path.abspath(p)
+    scheme, rest = p.split("://", 1)
+    if scheme.lower() == "file":
+        return "file://" + os.path.abspath(unquote(rest) or "/")
+    return f"{scheme.lower()}://{rest.rstrip('/')}"
+
+
+def check_not_reading_from(url: str, sources: Sequence[str]) -> None:
+    """Refuse to overwrite a directory that holds what the job reads: its commit would delete
+    the data it exported (Spark's writer refuses the same for a path read from)."""
+    root = _place(url).rstrip("/") + "/"
+    for src in sources:
+        if (_place(src).rstrip("/") + "/").startswith(root):
+            raise StorageError(
+                f"{url} holds {src}, which this export reads: mode='overwrite' would delete the "
+                f"data being exported. Write to a new path (then move it, if it must replace "
+                f"the source)."
+            )
+
+
 class StagedOutput:
     """The output directory of one export job: staging area, commit, clean-up.
 
@@ -226,14 +258,24 @@ class StagedOutput:
         self.root = root
         self.staging = staging
         self.created = created
+        self.replace = False  # the directory held an earlier output, deleted at commit
         self.started = time.perf_counter()
 
     @classmethod
-    def prepare(cls, path: str | os.PathLike, *, filesystem: Any = None, mode: str = "error") -> "StagedOutput":
+    def prepare(cls, path: str | os.PathLike, *, filesystem: Any = None, mode: str = "error",
+                sources: Sequence[str] = ()) -> "StagedOutput":
         """Check the output directory and create this job's staging directory.
 
+        With ``mode="overwrite"`` what the directory holds is deleted at :meth:`commit`, once
+        every task has written: a job that fails leaves the previous output as it was.
+
+        Args:
+            sources: the files the job reads (paths or URLs); with ``mode="overwrite"`` none
+                may lie in the output directory, which the commit empties.
+
         Raises:
-            StorageError: ``path`` is a file, or exists and is not empty with ``mode="error"``.
+            StorageError: ``path`` is a file, exists and is not empty with ``mode="error"``, or
+                holds a source file with ``mode="overwrite"``.
         """
         from pyarrow import fs as pafs
 
@@ -248,20 +290,23 @@ class StagedOutput:
             created = info.type == pafs.FileType.NotFound
             if info.type == pafs.FileType.File:
                 raise StorageError(f"{loc.url} is a file; a TFRecord export needs a directory path.")
-            if not created and fs.get_file_info(pafs.FileSelector(root)):
-                if mode == "error":
-                    raise StorageError(
-                        f"{loc.url} already exists and is not empty; choose a new path or pass "
-                        f"mode='overwrite'."
-                    )
-                fs.delete_dir_contents(root)
+            replace = not created and bool(fs.get_file_info(pafs.FileSelector(root)))
+            if replace and mode == "error":
+                raise StorageError(
+                    f"{loc.url} already exists and is not empty; choose a new path or pass "
+                    f"mode='overwrite'."
+                )
+            if replace:
+                check_not_reading_from(str(path), sources)
             staging = f"{root}/_temporary/{uuid.uuid4().hex[:16]}"
             fs.create_dir(staging, recursive=True)
         except StorageError:
             raise
         except OSError as exc:  # credentials, a missing bucket, an unreachable endpoint
             raise storage_error(exc, "write to", loc.url) from exc
-        return cls(str(path), fs, root, staging, created)
+        out = cls(str(path), fs, root, staging, created)
+        out.replace = replace
+        return out
 
     def abort(self) -> None:
         """Remove everything this job wrote (the whole directory if the job created it)."""
@@ -287,6 +332,16 @@ class StagedOutput:
         from formats.schemafile import TFRecordSchema, write_schema_file
 
         fs, root = self.filesystem, self.root
+        if self.replace:  # the earlier output goes only now that every task has written
+            from pyarrow import fs as pafs
+
+            for info in fs.get_file_info(pafs.FileSelector(root)):
+                if info.base_name == "_temporary":
+                    continue
+                if info.type == pafs.FileType.Directory:
+                    fs.delete_dir(info.path)
+                else:
+                    fs.delete_file(info.path)
         seen: set[int] = set()
         committed = []
         for r in sorted(stats, key=lambda r: r["partition"]):

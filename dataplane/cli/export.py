@@ -52,12 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--src-compression", default=None, choices=["gzip", "zlib"],
                         help="TFRecord SRC only: how its files are compressed (default: from its "
                              "_tf_schema.json or each file's suffix, .gz / .zlib)")
+    parser.add_argument("--sample", type=int, default=1000, metavar="N",
+                        help="TFRecord SRC without a _tf_schema.json: records to infer the "
+                             "schema from (default 1000); a feature none of them has fails "
+                             "the export rather than being dropped")
     parser.add_argument("--num-files", type=int, default=None, metavar="N",
                         help="write N files (repartitions; default one per partition)")
     parser.add_argument("--master", default=None, metavar="URL",
                         help="Spark master (default: embedded local[*]); sc://host:port uses "
                              "Spark Connect")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty DST (--to tfrecord: once the job has "
+                             "succeeded; --to parquet: Spark's writer empties it first)")
     parser.add_argument("--flatten-structs", action="store_true",
                         help="write struct columns as 'parent.child' features")
 
@@ -208,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     from dataplane.errors import DataplaneError
     from formats.fs import resolve, storage_error
 
+    if args.sample < 1:
+        return _fail(f"--sample must be at least 1, got {args.sample}.")
     if args.num_files is not None and args.num_files < 1:
         return _fail(f"--num-files must be at least 1, got {args.num_files}.")
     try:
@@ -223,8 +231,13 @@ def run(args: argparse.Namespace) -> int:
         if dst_info.type == pafs.FileType.File:
             return _fail(f"DST {args.dst} is a file; give a directory path.")
         dst_created = dst_info.type == pafs.FileType.NotFound
-        if not dst_created and dst.filesystem.get_file_info(pafs.FileSelector(dst.path)) and not args.overwrite:
+        dst_empty = dst_created or not dst.filesystem.get_file_info(pafs.FileSelector(dst.path))
+        if not dst_empty and not args.overwrite:
             return _fail(f"DST {args.dst} exists and is not empty; choose a new path or pass --overwrite.")
+        if not dst_empty:
+            from formats.staging import check_not_reading_from
+
+            check_not_reading_from(args.dst, [args.src])
         source_format = args.source_format
         if source_format == "auto":
             source_format = "tfrecord" if _is_tfrecord_source(src) else "parquet"
@@ -272,7 +285,8 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         return _parquet_to_tfrecord(spark, args, dst, dst_created, compression, started)
     try:
         if source_format == "tfrecord":
-            df = formats.read_tfrecords(spark, args.src, compression=args.src_compression)
+            df = formats.read_tfrecords(spark, args.src, compression=args.src_compression,
+                                        sample=args.sample)
         else:
             from formats.sparkframe import read_parquet
 
@@ -300,7 +314,8 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
         else:
             out = df.repartition(args.num_files) if args.num_files else df
             with job_progress(spark, bar):
-                out.write.mode("overwrite" if args.overwrite else "errorifexists").option(
+                # (an existing DST is empty here unless --overwrite: Spark refuses any that exists)
+                out.write.mode("errorifexists" if dst_created else "overwrite").option(
                     "compression", "none" if compression == "uncompressed" else compression
                 ).parquet(args.dst)
             rows, files, nbytes = _parquet_stats(dst)

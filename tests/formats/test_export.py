@@ -113,6 +113,22 @@ def test_existing_output_is_refused_unless_overwrite(spark, tmp_path):
     assert _data_files(out) == ["part-00000.tfrecord"]
 
 
+def test_overwriting_the_folder_a_frame_reads_is_refused_and_deletes_nothing(spark, tmp_path):
+    # write_tfrecords(spark.read.parquet(p), p, mode="overwrite") emptied p, then the job
+    # failed on the files it had deleted (FAILED_READ_FILE), and the data was gone
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(numeric_table(20).select(["id"]), str(data / "part-0.parquet"))
+    df = spark.read.parquet(str(data))
+    for out in (data, tmp_path):
+        with pytest.raises(StorageError, match=r"which this export reads: mode='overwrite' would delete"):
+            formats.write_tfrecords(df, str(out), mode="overwrite")
+    with pytest.raises(StorageError, match=r"which this export reads"):
+        formats.parquet_to_tfrecords(spark, str(data), str(data), mode="overwrite")
+    assert sorted(os.listdir(data)) == ["part-0.parquet"]
+    assert pq.read_table(str(data)).column("id").to_pylist() == list(range(20))
+
+
 def test_the_export_of_an_empty_frame_reads_as_no_rows_everywhere(spark, tmp_path):
     # it holds only the schema file: tfrecord_dataset and inspect said "no data files"
     import tensorflow as tf

@@ -134,3 +134,68 @@ def test_s3_problems_are_named_before_the_job_and_v_shows_the_traceback(tmp_path
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith(f"dataplane export: error: cannot reach {tmp_path} or s3://{bucket}/out2: ")
     assert "ACCESS_DENIED" in last and "refused the credentials: check AWS_ACCESS_KEY_ID" in last
+
+
+@pytest.mark.parametrize("to", ["tfrecord", "parquet"])
+@pytest.mark.parametrize("where", ["same", "parent"])
+def test_overwrite_of_a_dst_that_holds_src_is_refused_before_anything_is_deleted(tmp_path, to, where):
+    # DST == SRC, or DST the folder holding SRC: --overwrite emptied DST first, the job then
+    # failed reading files it had deleted, and the source was gone
+    src = tmp_path / "parent" / "data"
+    src.mkdir(parents=True)
+    pq.write_table(numeric_table(50), src / "part-0.parquet")
+    dst = src if where == "same" else tmp_path / "parent"
+    res = _cli(src, dst, "--to", to, "--overwrite")
+    assert res.returncode == 2, res.stderr
+    assert f"{dst} holds {src}, which this export reads: mode='overwrite' would delete" in res.stderr, res.stderr
+    assert pq.read_table(src / "part-0.parquet").num_rows == 50
+
+
+def test_overwrite_keeps_the_earlier_tfrecord_output_when_the_new_export_fails(tmp_path):
+    src = tmp_path / "src.parquet"
+    pq.write_table(numeric_table(40).select(["id"]), src)
+    dst = tmp_path / "out"
+    assert _cli(src, dst, "--to", "tfrecord").returncode == 0
+    before = sorted(p.name for p in dst.iterdir())
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"x": pa.array([1.0, 1e300])}), bad)  # no float32 holds 1e300
+    res = _cli(bad, dst, "--to", "tfrecord", "--overwrite")
+    assert res.returncode != 0 and "1e+300" in res.stderr, res.stderr
+    assert sorted(p.name for p in dst.iterdir()) == before  # the good export is still whole
+    res = _cli(src, dst, "--to", "tfrecord", "--overwrite")  # a good one replaces it
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in dst.iterdir()) == before
+
+
+def test_parquet_export_into_an_existing_empty_directory(tmp_path):
+    # "DST must not exist or be empty", but Spark's writer refused the empty folder
+    src = tmp_path / "src.parquet"
+    pq.write_table(numeric_table(30).select(["id"]), src)
+    dst = tmp_path / "empty"
+    dst.mkdir()
+    res = _cli(src, dst, "--to", "parquet")
+    assert res.returncode == 0, res.stderr
+    assert sorted(pq.read_table(dst).column("id").to_pylist()) == list(range(30))
+
+
+def test_a_feature_the_inference_sample_missed_fails_the_export_instead_of_vanishing(tmp_path):
+    # records 1200-1499 carry a feature 'x' the first 1000 do not: the Parquet output had no
+    # 'x' column and the export said it succeeded
+    import tensorflow as tf
+
+    src = tmp_path / "tf"
+    src.mkdir()
+    with tf.io.TFRecordWriter(str(src / "part-0.tfrecord")) as w:
+        for i in range(1500):
+            feats = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+            if i >= 1200:
+                feats["x"] = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0, 2.0, 3.0]))
+            w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+    res = _cli(src, tmp_path / "out", "--to", "parquet")
+    assert res.returncode != 0, res.stdout
+    assert "has feature 'x', which is not in the schema (inferred from the first 1000 records" in res.stderr, res.stderr
+    assert "--sample N" in res.stderr and not (tmp_path / "out").exists()
+    res = _cli(src, tmp_path / "out", "--to", "parquet", "--sample", "1500")
+    assert res.returncode == 0, res.stderr
+    table = pq.read_table(tmp_path / "out")
+    assert table.num_rows == 1500 and table.column("x").null_count == 1200
