@@ -692,7 +692,9 @@ class FeedBuffer:
             out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
                    "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed,
                    "failure": ep.failure, "carried_in": ep.carried_in,
-                   "carried_out": ep.carried_out}
+                   "carried_out": ep.carried_out,
+                   "left_early": (ep.finished and not ep.complete and ep.failure is None
+                                  and not ep.last_at_return)}
             if ep.info.replay is not None:
                 cache = self._caches.get(ep.info.replay)
                 out["cache_rows"] = cache.rows if cache is not None and cache.sealed else None
@@ -715,6 +717,13 @@ class FeedBuffer:
             self._consumer_done = True
             self.metrics["consumer_finished"] = True
             self._carry.clear()
+            latest: dict[str, NodeEpoch] = {}  # the pass of each split main read last
+            for ep in self._epochs.values():
+                if ep.claimed and (ep.info.split not in latest
+                                   or ep.info.epoch > latest[ep.info.split].info.epoch):
+                    latest[ep.info.split] = ep
+            for ep in latest.values():
+                ep.last_at_return = True
             for ep in self._epochs.values():
                 ep.ended_feed = ep.ended_feed or not ep.closed
                 self._close(ep)

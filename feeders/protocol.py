@@ -209,6 +209,8 @@ class EpochState:
     that did not convert), which the node's main raises. ``carried_in``: rows held back from
     the previous carry epoch that the pass began with (not in ``rows``); ``carried_out``: rows
     past the limit the complete pass held back for the next one (``BeginEpoch.carry``).
+    ``left_early``: the pass was ended by its reader before the limit (``break``, ``take``, a
+    newer pass) and main read on (a later pass), whether or not it has returned since.
     """
 
     rows: int
@@ -220,6 +222,7 @@ class EpochState:
     failure: str | None = None
     carried_in: int = 0
     carried_out: int = 0
+    left_early: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,7 +232,8 @@ class EpochState:
         return cls(int(d["rows"]), int(d.get("emitted", 0)), bool(d.get("closed", False)),
                    bool(d.get("complete", False)), str(d.get("main", "running")),
                    bool(d.get("ended_feed", False)), d.get("failure"),
-                   int(d.get("carried_in", 0)), int(d.get("carried_out", 0)))
+                   int(d.get("carried_in", 0)), int(d.get("carried_out", 0)),
+                   bool(d.get("left_early", False)))
 
 
 @dataclass(frozen=True)

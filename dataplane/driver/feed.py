@@ -824,8 +824,10 @@ class Feeder:
                 else:
                     left = assigned + carried_in - st.emitted
                     if left:
-                        (returned if st.main != "running" else ended if st.ended_feed
-                         else left_early)[nid] = left
+                        # (a pass its reader left counts as left early though main has
+                        # returned by now)
+                        (left_early if st.left_early else returned if st.main != "running"
+                         else ended if st.ended_feed else left_early)[nid] = left
                 if left:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
             if ep.carry:

@@ -984,3 +984,20 @@ def test_a_pass_with_fewer_rows_than_one_dropped_batch_says_so(caplog):
         "ctx.dataset(batch_size=1000, drop_remainder=True): epoch 0 (train) gives this node 25 "
         "row(s), fewer than one batch, so its pass yields none. Push more rows or use a smaller "
         "batch_size."]
+
+
+def test_a_pass_left_early_stays_left_early_once_main_returns():
+    # take(3) of epoch 0, all of epoch 1, return: the driver, asking after main returned, took
+    # epoch 0's unread rows for rows main left by returning ('returned from main while data
+    # was still being pushed'); the pass main was in when it returned is the one it left so
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "train", "train")
+    assert buf.claim_epoch("train") == 0
+    buf.finish_epoch(0, 0, complete=False)  # left early
+    assert buf.claim_epoch("train") == 1
+    buf.finish_epoch(1, 0)  # read whole
+    assert buf.claim_epoch("train") == 2
+    buf.finish_epoch(2, 0, complete=False)  # main breaks out of this pass and returns
+    assert buf.epoch_state(0)["left_early"] is True
+    buf.consumer_finished()
+    assert [buf.epoch_state(e)["left_early"] for e in range(3)] == [True, False, False]
