@@ -151,10 +151,13 @@ def run(
     fixed = _fixed_slots(spark)
     if fixed is not None and fixed[1] < num_nodes:
         master, slots = fixed
+        wider = (f".master('local-cluster[{num_nodes},1,1024]'): executors times cores each, "
+                 f"at least {num_nodes}" if master.startswith("local-cluster")
+                 else f".master('local[{num_nodes}]')")
         raise ReservationError(
             f"num_nodes={num_nodes} needs {num_nodes} task slots at once (the nodes start "
             f"together as one barrier stage), but master {master!r} has {slots}, so they could "
-            f"never all start. Start Spark with enough slots (.master('local[{num_nodes}]')) or "
+            f"never all start. Start Spark with enough slots ({wider}) or "
             f"lower num_nodes.",
             missing=list(range(num_nodes)), registered=[],
         )

@@ -88,6 +88,19 @@ def test_more_nodes_than_a_local_master_has_slots_fail_at_once(spark):
     assert _no_active_jobs(spark)
 
 
+def test_more_nodes_than_a_local_cluster_has_slots_names_its_own_fix(spark, monkeypatch):
+    # the fix offered for local-cluster[2,1,1024] was .master('local[3]')
+    from dataplane.driver import startup
+
+    monkeypatch.setattr(startup, "_fixed_slots", lambda _: ("local-cluster[2,1,1024]", 2))
+    with pytest.raises(ReservationError) as info:
+        dataplane.run(spark, idle_main, num_nodes=3)
+    msg = str(info.value)
+    assert "master 'local-cluster[2,1,1024]' has 2" in msg, msg
+    assert ".master('local-cluster[3,1,1024]'): executors times cores each, at least 3" in msg, msg
+    assert "local[3]" not in msg, msg
+
+
 def test_reservation_timeout_names_missing_nodes_and_slots(spark):
     # two of the three slots busy with another job: the nodes wait for slots that stay taken
     def busy(batches):  # type: ignore[no-untyped-def]
