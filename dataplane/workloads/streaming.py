@@ -5,7 +5,8 @@ iteration of ``ctx.dataset()`` is one micro-batch, in the order Spark produced t
 runs one batch at a time). A micro-batch Spark replays (same ``batch_id``) is skipped, so each
 row reaches the nodes once: after a failure within the same query run, and when a query stopped
 while a micro-batch was being pushed (Spark had not yet committed it) is started again on the
-same ``checkpoint_location`` against the same cluster.
+same ``checkpoint_location``, against the same cluster or a new one (a driver restarted): the
+last batch id pushed is kept in ``<checkpoint_location>/dataplane-pushed.json``.
 
 Stopping: ``query.stop()`` lets the micro-batch in flight finish its push (the push is a Spark job
 the stop does not cancel), then ends the query; no later batch starts. Then call
@@ -60,7 +61,8 @@ class StreamFeed:
             field; 0 while the columns stay the same).
         held_back: rows the workers hold back from the last micro-batch for the next one.
         last_batch_id: the last batch id pushed (-1 before the first), by this run of the
-            query or an earlier run of it (the same checkpoint) into the same cluster.
+            query or an earlier run of it (the same checkpoint) into this cluster or, with a
+            ``checkpoint_location``, any cluster.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class StreamFeed:
         self.last_batch_id = -1
         self._pushed: dict[str, int] | None = None  # this cluster's books on the query's runs
         self._query_id: str | None = None
+        self._record: Any = None  # (filesystem, path) of the checkpoint's dataplane-pushed.json
         self._bound = threading.Event()  # cleared by feed_stream until the query's id is known
         self._bound.set()
         self._lock = threading.Lock()
@@ -102,10 +105,15 @@ class StreamFeed:
             f"cluster.shutdown() or the end of the `with dataplane.run(...)` block."
         )
 
-    def bind(self, query_id: str | None) -> None:
+    def bind(self, query_id: str | None, checkpoint_location: str | None = None) -> None:
         """The started query's id (the same on every run from one checkpoint): the batches an
-        earlier run of it pushed into this cluster are not pushed again. ``None``: no memory
-        across runs. ``feed_stream`` calls it, and the batches wait for it."""
+        earlier run of it pushed into this cluster, or into any cluster when the checkpoint
+        records it, are not pushed again. ``None``: no memory across runs. ``feed_stream``
+        calls it, and the batches wait for it."""
+        if query_id is not None and checkpoint_location is not None:
+            self._query_id = query_id
+            self._record = _pushed_record(checkpoint_location)
+            self.last_batch_id = max(self.last_batch_id, _read_pushed(self._record, query_id))
         if query_id is not None:
             try:
                 self._pushed = _PUSHED.setdefault(self.cluster, {})
@@ -120,6 +128,8 @@ class StreamFeed:
         self.last_batch_id = batch_id
         if self._pushed is not None and self._query_id is not None:
             self._pushed[self._query_id] = batch_id
+        if self._record is not None and self._query_id is not None:
+            _write_pushed(self._record, self._query_id, batch_id)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         self._bound.wait()
@@ -150,6 +160,41 @@ class StreamFeed:
                 self.on_batch(batch_id, report)
 
 
+_RECORD_NAME = "dataplane-pushed.json"
+
+
+def _pushed_record(checkpoint_location: str) -> tuple[Any, str]:
+    from formats.fs import resolve
+
+    loc = resolve(checkpoint_location)
+    return loc.filesystem, loc.path.rstrip("/") + "/" + _RECORD_NAME
+
+
+def _read_pushed(record: tuple[Any, str], query_id: str) -> int:
+    """The last batch id a run of ``query_id`` pushed, by the checkpoint's record (-1: none)."""
+    import json
+
+    fs, path = record
+    try:
+        with fs.open_input_stream(path) as f:
+            got = json.loads(f.read().decode())
+    except (OSError, ValueError):  # none yet (a new checkpoint), or unreadable: nothing known
+        return -1
+    return int(got.get("batch_id", -1)) if got.get("query_id") == query_id else -1
+
+
+def _write_pushed(record: tuple[Any, str], query_id: str, batch_id: int) -> None:
+    import json
+
+    fs, path = record
+    try:
+        with fs.open_output_stream(path) as f:
+            f.write(json.dumps({"query_id": query_id, "batch_id": batch_id}).encode())
+    except OSError as e:  # the push stands; only a replay after a restart would repeat it
+        logger.warning("stream feed: could not record micro-batch %d as pushed in %s (%s); a run "
+                       "started again on this checkpoint may push it twice", batch_id, path, e)
+
+
 def feed_stream(
     cluster: Any,
     stream_df: Any,
@@ -168,7 +213,8 @@ def feed_stream(
         stream_df: a streaming DataFrame (``spark.readStream...``); every column is pushed.
         checkpoint_location: the query's checkpoint directory (default: Spark's temporary one;
             give one to resume a stream across driver restarts, or to start a stopped query
-            again on the same cluster: the micro-batch Spark replays then is not pushed twice).
+            again: the micro-batch Spark replays then is not pushed twice, on the same cluster
+            or a new one).
         trigger: keyword arguments for ``DataStreamWriter.trigger`` (e.g.
             ``{"processingTime": "2 seconds"}`` or ``{"availableNow": True}``); default: the next
             micro-batch starts as soon as the previous one has been pushed.
@@ -223,6 +269,6 @@ def feed_stream(
     except BaseException:
         feed.bind(None)
         raise
-    feed.bind(query.id)
+    feed.bind(query.id, checkpoint_location)
     query.feed = feed
     return query

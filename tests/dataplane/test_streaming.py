@@ -346,3 +346,36 @@ def test_a_stream_given_to_train_or_inference(spark, tmp_path):
     assert len(values) >= 200 and len(set(values)) == len(values)  # each streamed row once
     assert sorted(values) == list(range(len(values)))  # the rate source's first rows, none lost
     assert all(r["y"] == 2.0 * r["value"] for r in rows)
+
+
+def test_a_query_started_again_on_its_checkpoint_by_a_new_cluster_pushes_no_batch_twice(spark, tmp_path):
+    # a driver restarted: the stopped run's last micro-batch was trained but not committed by
+    # Spark, which replays it; the new cluster had no memory of it and trained it again
+    src, ckpt = tmp_path / "in", str(tmp_path / "ckpt")
+    _landed(src, [20] * 2)
+
+    def stream():
+        return (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1)
+                .parquet(str(src)))
+
+    outs = [tmp_path / "out0", tmp_path / "out1"]
+    for out in outs:
+        out.mkdir()
+    with dataplane.run(spark, stream_main, {"dir": str(outs[0]), "batch_size": 8}, num_nodes=1) as cluster:
+        first = feed_stream(cluster, stream(), checkpoint_location=ckpt)
+        first.processAllAvailable()
+        first.stop()
+    for name in ("1", ".1.crc"):  # as a stop that lands before Spark commits batch 1 leaves it
+        if os.path.exists(os.path.join(ckpt, "commits", name)):
+            os.remove(os.path.join(ckpt, "commits", name))
+    pq.write_table(pa.table({"value": pa.array(range(40, 60), pa.int64())}), src / "part-2.parquet")
+    pushed = []
+    with dataplane.run(spark, stream_main, {"dir": str(outs[1]), "batch_size": 8}, num_nodes=1) as cluster:
+        again = feed_stream(cluster, stream(), checkpoint_location=ckpt,
+                            on_batch=lambda bid, r: pushed.append(bid))
+        again.processAllAvailable()
+        again.stop()
+        assert pushed == [2] and again.feed.last_batch_id == 2
+    assert [sorted(e) for e in _epochs(outs[0])] == [list(range(20)), list(range(20, 40))]
+    assert [sorted(e) for e in _epochs(outs[1])] == [list(range(40, 60))]
+    assert json.loads(open(os.path.join(ckpt, "dataplane-pushed.json")).read())["batch_id"] == 2
