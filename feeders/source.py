@@ -27,6 +27,7 @@ from formats.schema import (
     ColumnSpec,
     RaggedColumn,
     column_specs,
+    mapping_arg,
     names_arg,
     same_columns,
     schema_text,
@@ -399,7 +400,14 @@ def push_dataset(
         raise ValueError(f"label column {label!r} is also listed in features.")
     wanted = cols + ([label] if label is not None else [])
     declared = dict(info.shapes)
-    declared.update({k: tuple(v) for k, v in (shapes or {}).items()})
+    for k, v in mapping_arg("shapes", shapes).items():
+        if v is None:  # ragged, whatever lengths the pushed rows had so far
+            if k not in info.schema.names:
+                raise SchemaError(f"shapes name column {k!r}, which the feed does not have: "
+                                  f"{info.schema.names}.")
+            declared.pop(k, None)
+        else:
+            declared[k] = v
     specs = column_specs(info.schema, columns=wanted, shapes=declared, fill_values=fill_values)
     buffer.expect_columns(split, wanted, (fill_values or {}).keys(), (decode or {}).keys())
     signature = tf_spec(info.schema, columns=wanted, shapes=declared)

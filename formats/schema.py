@@ -451,11 +451,20 @@ def declare_shapes(specs: Sequence[ColumnSpec], shapes: Mapping[str, Sequence[in
             raise SchemaError(
                 f"shapes name column {extra!r}, which is not among the columns read: {names}."
             )
-    return [
-        replace(s, shape=_declared_shape(s.name, shapes[s.name], s.shape), ragged_rank=0)
-        if s.name in shapes else s
-        for s in specs
-    ]
+    out = []
+    for s in specs:
+        if s.name in shapes and shapes[s.name] is None:  # ragged: as read unless files say dense
+            if not s.is_ragged:
+                raise SchemaError(
+                    f"shapes[{s.name!r}] is None (ragged), but the data declares column "
+                    f"{s.name!r} dense with shape {s.shape}; leave it out of shapes."
+                )
+            out.append(s)
+        elif s.name in shapes:
+            out.append(replace(s, shape=_declared_shape(s.name, shapes[s.name], s.shape), ragged_rank=0))
+        else:
+            out.append(s)
+    return out
 
 
 def tf_spec(
@@ -732,7 +741,8 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
         raise SchemaError(
             f"column {name!r} is fed as dense shape {spec.shape} ({per_row} values a row), but "
             f"row {bad} of this batch has {int(lengths[bad])} values. Declare the column ragged "
-            f"(leave its shape undeclared) or fix the data."
+            f"(shapes={{{name!r}: None}}; a pushed column is dense when every row of the first "
+            f"DataFrame or micro-batch had one length) or fix the data."
         )
     if 1 < len(splits) <= len(spec.shape):
         _check_nested_lengths(name, spec, splits)
@@ -762,7 +772,7 @@ def _check_nested_lengths(name: str, spec: ColumnSpec, splits: list[np.ndarray])
             f"column {name!r} is fed as dense shape {spec.shape}, but row {row} of this batch has "
             f"a list of {int(lengths[index])} {'values' if level == depth - 1 else 'lists'} at "
             f"nesting level {level + 1} (expected "
-            f"{want}). Declare the column ragged (leave its shape undeclared) or fix the data."
+            f"{want}). Declare the column ragged (shapes={{{name!r}: None}}) or fix the data."
         )
 
 

@@ -161,7 +161,8 @@ def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
 def _empty_message(split: str, stream: bool = False) -> str:
     if stream:
         return ("the micro-batch has no rows (feed_stream(skip_empty=False) pushes empty ones), "
-                "so every worker's pass over it is empty.")
+                "so every worker's pass over it is empty; array columns then come ragged unless "
+                "declared, e.g. ctx.dataset(shapes={'x': [4]}).")
     what = "train(df)" if split == "train" else "train(validation=...)"
     return (
         f"the DataFrame given to {what} has no rows, so every worker's pass over it is empty; "

@@ -166,6 +166,26 @@ def test_a_worker_that_leaves_a_micro_batch_early_loses_only_that_pass(spark, tm
     assert len(read) <= consumed and consumed - len(read) <= (2 * 1 + 2) * 4
 
 
+def test_an_array_column_declared_ragged_reads_micro_batches_of_any_lengths(spark, tmp_path):
+    # the first micro-batch's arrays had one length, so the column was fed dense and the
+    # second batch failed the stream ('Declare the column ragged (leave its shape
+    # undeclared)', which no argument could do; shapes={'toks': None} raised a TypeError)
+    src, out = tmp_path / "in", tmp_path / "out"
+    out.mkdir()
+    lengths = [[3], [3, 2, 5, 1]]
+    _landed(src, [1, 4], lambda k, ids: {
+        "toks": pa.array([list(range(n)) for n in lengths[k]], pa.list_(pa.int64()))})
+    stream = (spark.readStream.schema("value long, toks array<long>")
+              .option("maxFilesPerTrigger", 1).parquet(str(src)))
+    args = {"dir": str(out), "batch_size": 2, "shapes": {"toks": None}}
+    with dataplane.run(spark, stream_main, args, num_nodes=1) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"))
+        query.processAllAvailable()
+        query.stop()
+        assert query.exception() is None and query.feed.batches == 2
+    assert [sorted(e) for e in _epochs(out)] == [[0], [1, 2, 3, 4]]
+
+
 def test_held_back_rows_of_other_array_lengths_are_dropped_not_fed(spark, tmp_path):
     # a held-back row whose array is longer than the next micro-batch's would fail that pass's
     # dense column: it is dropped for balance, and the report says why

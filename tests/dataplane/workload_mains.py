@@ -29,7 +29,7 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order
     (``per_node``: in a folder per node, ``chief0``, ``worker1``...); ``break_pass``: the
     chief reads one batch of that pass and leaves it; ``fresh``: a new dataset every pass."""
-    ds = ctx.dataset(batch_size=args.get("batch_size", 64))
+    ds = ctx.dataset(batch_size=args.get("batch_size", 64), shapes=args.get("shapes"))
     out = args["dir"]
     if args.get("per_node"):
         out = os.path.join(out, f"{ctx.role}{ctx.index}")
@@ -37,7 +37,7 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     epoch = 0
     while True:
         if args.get("fresh"):  # a dataset per pass: each micro-batch's own array lengths
-            ds = ctx.dataset(batch_size=args.get("batch_size", 64))
+            ds = ctx.dataset(batch_size=args.get("batch_size", 64), shapes=args.get("shapes"))
         if epoch == args.get("break_pass", -1) and ctx.role == "chief":  # leaves it early
             ids = []
             for b in ds:

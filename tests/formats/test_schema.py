@@ -187,3 +187,19 @@ def test_a_column_name_twice_is_named_as_such():
         column_specs(flat, flatten_structs=True)
     with pytest.raises(SchemaError, match=r"column name 'x' appears 2 times in the data \(at positions \[0, 1\].*df.toDF\('x_1', 'x_2'\) renames by position"):
         column_specs(pa.schema([("x", pa.int64()), ("x", pa.float32())]))
+
+
+def test_a_dense_column_that_meets_another_length_names_the_ragged_declaration():
+    # the advice was "leave its shape undeclared", which a column made dense by the data
+    # (every row of the first DataFrame or micro-batch one length) could not follow
+    t = pa.table({"toks": pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int64()))})
+    specs = column_specs(t.schema, shapes={"toks": (3,)})
+    with pytest.raises(SchemaError, match=r"row 1 of this batch has 2 values\. Declare the column ragged "
+                                          r"\(shapes=\{'toks': None\}; a pushed column is dense"):
+        to_numpy(t, specs)
+    from formats.schema import declare_shapes
+
+    ragged = column_specs(t.schema)
+    assert declare_shapes(ragged, {"toks": None}) == ragged  # already ragged: as it was
+    with pytest.raises(SchemaError, match=r"shapes\['toks'\] is None \(ragged\), but the data declares"):
+        declare_shapes(specs, {"toks": None})
