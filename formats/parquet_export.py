@@ -313,6 +313,8 @@ def parquet_to_tfrecords(
     The records and schema file are those ``write_tfrecords(spark.read.parquet(src), path)``
     writes, but the Spark tasks read the Parquet files themselves with pyarrow instead of
     receiving rows from the JVM (see the module docstring), which is several times faster.
+    Spark ML vector columns are the exception: ``write_tfrecords`` writes them as float64
+    arrays, this refuses them, naming ``vector_to_array`` as the fix.
 
     Args:
         spark: the SparkSession (classic or Spark Connect) that runs the job.

@@ -244,7 +244,11 @@ def run(args: argparse.Namespace) -> int:
         if args.to == "tfrecord":
             from formats.tfrecord import normalize_compression
 
-            compression = normalize_compression(args.compression)
+            try:
+                compression = normalize_compression(args.compression)
+            except ValueError:
+                return _fail(f"--compression {args.compression!r} is not a TFRecord compression; "
+                             f"use gzip or zlib (TFRecord's GZIP / ZLIB), or leave it out.")
         else:
             compression = (args.compression or "snappy").lower()
             if compression not in ("snappy", "gzip", "zstd", "none", "uncompressed", "lz4"):

@@ -90,6 +90,11 @@ class StreamFeed:
         self._lock = threading.Lock()
         self._checks = ThreadPoolExecutor(1, thread_name_prefix="dataplane-stream-isempty")
 
+    def __repr__(self) -> str:
+        return (f"StreamFeed(batches={self.batches}, rows={self.rows}, "
+                f"last_batch_id={self.last_batch_id}, held_back={self.held_back}, "
+                f"dropped_for_balance={self.dropped_for_balance})")
+
     def _is_empty(self, batch_df: Any) -> bool:
         """``batch_df.isEmpty()`` as a Spark job started from a thread of its own, as the push
         is: ``query.stop()`` interrupts the query's thread, which cancelled a check running

@@ -50,6 +50,8 @@ def test_file_stream_every_row_once_in_batch_order(spark, tmp_path):
         query.processAllAvailable()
         query.stop()
         assert query.feed.batches == 4 and query.feed.rows == 200
+        assert repr(query.feed) == ("StreamFeed(batches=4, rows=200, last_batch_id=3, held_back=0, "
+                                    "dropped_for_balance=0)")
     assert wait_json(out / "done.json") == {"epochs": 4}
     seen = _epochs(out)
     assert [sorted(e) for e in seen] == files  # micro-batch k == file k, in order, complete
