@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["Shard", "normalize_shard", "balanced_shards", "agreed"]
+__all__ = ["Shard", "normalize_shard", "balanced_shards", "agreed", "left_out"]
 
 
 #: ``(index, count)``: this reader is shard ``index`` of ``count``.
@@ -63,11 +63,22 @@ def agreed(shard: Any, key: str, value: Any) -> tuple[int | None, Any]:
 
     Each node lists the path itself, so a file written between two nodes' listings would make
     their shards cut different row ranges: rows read twice or never, without a word."""
-    agree = getattr(shard, "agree", None)
-    if agree is None or isinstance(shard, (tuple, list)):
+    agree = getattr(shard, "agree", None)  # (a tuple has none)
+    if agree is None:
         return None, value
     first, settled = agree(key, value)
     return int(first), settled
+
+
+def left_out(display: Any, mine: Sequence[str], settled: Sequence[str]) -> str:
+    """What a node whose own listing held more files than the agreed one says about them
+    ("" when none): they are not read until the dataset is made again."""
+    extra = sorted(set(mine) - set(settled))
+    if not extra:
+        return ""
+    more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+    return (f" Files written since it listed ({display(extra[0])}{more}) are not read by this "
+            f"dataset; build it again to read them.")
 
 
 def balanced_shards(sizes: Sequence[int], count: int) -> list[int]:

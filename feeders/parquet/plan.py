@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from feeders.shard import agreed, normalize_shard
+from feeders.shard import agreed, left_out, normalize_shard
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, listing_root, parquet_files, resolve, storage_error
 from formats.hive import HIVE_NULL, HiveColumns, hive_columns
@@ -329,15 +329,12 @@ def _agreed_listing(loc: Location, files: list[str], metas: list[Any], shard: An
         out_files.append(path)
         out_metas.append(meta)
     if out_files != files:
-        extra = sorted(set(files) - set(out_files))
         logger.warning(
             "%s: this node listed %d file(s) (%d rows), node %d, the first to plan this dataset, "
             "%d (%d rows); every node shards node %d's listing, so no row is read twice or "
-            "skipped. %s", loc.url, len(files), sum(m.num_rows for m in metas), first,
+            "skipped.%s", loc.url, len(files), sum(m.num_rows for m in metas), first,
             len(out_files), sum(m.num_rows for m in out_metas), first,
-            f"Files written since it listed ({loc.display(extra[0])}"
-            f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}) are not read by this "
-            f"dataset; build it again to read them." if extra else "",
+            left_out(loc.display, files, out_files),
         )
     return out_files, out_metas
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from feeders.shard import agreed, balanced_shards
+from feeders.shard import agreed, balanced_shards, left_out
 from feeders.tfrecord.files import open_record_batches, sample_records
 from formats.errors import SchemaError, StorageError
 from formats.fs import Location, list_files, resolve, storage_error
@@ -257,24 +257,19 @@ def agreed_files(plan: TFRecordPlan, shard: Any) -> tuple[TFRecordPlan, list[int
         return plan, sizes
     files, settled = [str(f) for f, _ in listing], [int(n) for _, n in listing]
     if files != plan.files:
-        extra = sorted(set(plan.files) - set(files))
         logger.warning(
             "%s: this node listed %d file(s), node %d, the first to plan this dataset, %d; every "
             "node shards node %d's listing, so no record is read twice or skipped.%s", loc.url,
-            len(plan.files), first, len(files), first,
-            f" Files written since it listed ({loc.display(extra[0])}"
-            f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}) are not read by this "
-            f"dataset; build it again to read them." if extra else "",
+            len(plan.files), first, len(files), first, left_out(loc.display, plan.files, files),
         )
     return dataclasses.replace(plan, files=files), settled
 
 
-def shard_files(loc: Any, files: list[str], shard: tuple[int, int], sizes: list[int] | None = None) -> list[str]:
+def shard_files(loc: Any, files: list[str], shard: tuple[int, int], sizes: list[int]) -> list[str]:
     """This shard's files: contiguous runs holding about ``1/count`` of the bytes (records
     are not counted without reading them; bytes stand in for rows; ``sizes`` as every node
     listed them, see :func:`agreed_files`). Warns when the shards still differ much."""
     index, count = shard
-    sizes = _sizes(loc, files) if sizes is None else sizes
     owner = balanced_shards(sizes, count)
     held = [0] * count
     for n, o in zip(sizes, owner):
