@@ -122,6 +122,7 @@ class FeedBuffer:
         # decodes), once it is built
         self._null_rules: dict[str, tuple[frozenset, frozenset, frozenset]] = {}
         self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
+        self._newest_claim: dict[str, int] = {}  # split -> the newest epoch a pass claimed
         self._cond = threading.Condition()
         self._epochs: dict[int, NodeEpoch] = {}
         self._bytes = 0
@@ -456,6 +457,7 @@ class FeedBuffer:
             epoch = self._announced[split].popleft()
             ep = self._epochs[epoch]
             ep.claimed, ep.stream, ep.last_move = True, stream, time.monotonic()
+            self._newest_claim[split] = max(epoch, self._newest_claim.get(split, -1))
             self._end_abandoned(split, epoch)
             if skip_older is not None:
                 self.skip_announced(skip_older, before=epoch)
@@ -693,8 +695,10 @@ class FeedBuffer:
                    "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed,
                    "failure": ep.failure, "carried_in": ep.carried_in,
                    "carried_out": ep.carried_out,
+                   # left by its reader, who read on: not the pass main was in when it
+                   # returned or raised, which the driver must tell apart (a failure)
                    "left_early": (ep.finished and not ep.complete and ep.failure is None
-                                  and not ep.last_at_return)}
+                                  and self._newest_claim.get(ep.info.split, -1) > epoch)}
             if ep.info.replay is not None:
                 cache = self._caches.get(ep.info.replay)
                 out["cache_rows"] = cache.rows if cache is not None and cache.sealed else None
@@ -717,13 +721,6 @@ class FeedBuffer:
             self._consumer_done = True
             self.metrics["consumer_finished"] = True
             self._carry.clear()
-            latest: dict[str, NodeEpoch] = {}  # the pass of each split main read last
-            for ep in self._epochs.values():
-                if ep.claimed and (ep.info.split not in latest
-                                   or ep.info.epoch > latest[ep.info.split].info.epoch):
-                    latest[ep.info.split] = ep
-            for ep in latest.values():
-                ep.last_at_return = True
             for ep in self._epochs.values():
                 ep.ended_feed = ep.ended_feed or not ep.closed
                 self._close(ep)

@@ -164,7 +164,6 @@ class NodeEpoch:
     last_move: float = 0.0  # time.monotonic() of its claim or its pass's last take or yield
     finished: bool = False  # ... and ended: emitted, complete and failure are final
     ended_feed: bool = False  # ... closed because the node reads no more (consumer_finished)
-    last_at_return: bool = False  # the newest pass of its split when main returned
     overtaken: str | None = None  # ... ended because a newer reader began (why)
     complete: bool = False  # ... by reaching the limit
     failure: str | None = None  # ... by an error (a batch that did not convert): main raises it
