@@ -688,6 +688,7 @@ def test_a_repeat_stream_dropped_inside_a_cycle_leaves_nothing_for_the_next_data
         time.sleep(0.05)
     assert len(ends) == 3, ends  # no push is left waiting for a reader (some may be parked)
     m = buf.snapshot()
+    states = {e: buf.epoch_state(e) for e in range(3)}  # (left_early of 1 is set by epoch 3's pass)
     # the superseded stream left the registry when it was superseded, not when (if ever) its
     # iterator is destroyed: over a long run, dropped readers must not pile up
     assert buf._streams == {}
