@@ -640,17 +640,25 @@ class FeedBuffer:
             self._cond.notify_all()
             return skipped
 
-    def end_epoch(self, epoch: int, limit: int) -> None:
-        """Set how many rows this node yields for ``epoch`` (equal on every worker)."""
+    def end_epoch(self, epoch: int, limit: int, *, cut: bool = False) -> None:
+        """Set how many rows this node yields for ``epoch`` (equal on every worker); ``cut``:
+        a failed ``train()`` call ended the epoch with the rows that had arrived."""
         with self._cond:
             ep = self._epochs.get(epoch)
             if ep is None:
                 raise FeedError(f"end_epoch for epoch {epoch}, which this node never began")
             ep.limit = int(limit)
+            ep.cut = cut
             if ep.cache is not None and ep.info.record is not None and not ep.cache.sealed:
                 ep.cache.seal()
                 self._cache_metrics()
             self._cond.notify_all()
+
+    def was_cut(self, epoch: int) -> bool:
+        """Whether a failed ``train()`` call ended ``epoch`` early (:meth:`end_epoch`)."""
+        with self._cond:
+            ep = self._epochs.get(epoch)
+            return ep is not None and ep.cut
 
     def epoch_rows(self, epoch: int) -> int:
         with self._cond:

@@ -155,6 +155,7 @@ class NodeEpoch:
     seen: dict[int, int] = field(default_factory=dict)  # partition -> rows its task had split
     rows_in: int = 0
     limit: int | None = None  # rows every worker yields this epoch (set by the driver)
+    cut: bool = False  # ... a failed train() call's: only the rows that had arrived
     emitted: int = 0  # rows handed to TensorFlow
     carried_in: int = 0  # rows held back from the previous carry epoch its pass began with
     carried_out: int = 0  # rows past the limit its complete pass held back for the next one

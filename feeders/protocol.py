@@ -127,7 +127,8 @@ class Action(str, enum.Enum):
     PING = "ping"
     BEGIN_EPOCH = "begin_epoch"  # BeginEpoch, or {"epochs": [BeginEpoch, ...]} in order -> {"main"}
     EPOCH_STATE = "epoch_rows"  # {"epoch"} -> EpochState
-    END_EPOCH = "end_epoch"  # {"epoch", "limit"}: rows every consuming worker yields
+    END_EPOCH = "end_epoch"  # {"epoch", "limit", "cut"}: rows every consuming worker yields;
+    # cut: a failed train() call ended the epoch with the rows that had arrived
     METRICS = "metrics"
     SHUTDOWN = "shutdown"  # {"now"}: stop; now (shutdown(drain=False), Ctrl-C): main gets 1 s, not stop_grace
     DROP_CACHE = "drop_cache"  # {"cache"}: forget a cached DataFrame, remove its spill files

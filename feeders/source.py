@@ -464,11 +464,28 @@ def push_dataset(
             "short. Push epochs of one size to one fit, or read ctx.dataset(repeat=True) with "
             "fit(steps_per_epoch=...).", split, sizes_seen.passes, batches, first)
 
+    def goes_on(epoch: int, sizes: list[int]) -> bool:
+        """Whether a pass that read ``epoch`` to its limit goes on with the next epoch: when a
+        failed train() call cut that epoch and the pass is shorter than the dataset's first.
+        Keras fit stops at a pass shorter than its first epoch ("Your input ran out of data"),
+        so without this the next train() call, the fix, would find main returned; with it,
+        the next call's first epoch completes the cut one (fit cuts that pass at its steps)."""
+        first = sizes_seen.first
+        if split != "train" or first is None or not buffer.was_cut(epoch) or sum(sizes) >= first:
+            return False
+        logger.warning(
+            "ctx.dataset(split=%r): a failed train() call cut epoch %d; this pass has %d of the "
+            "%d batch(es) of the dataset's first pass, so it goes on with the next pushed epoch "
+            "(a Keras fit stops at a shorter pass, and takes only its steps per epoch from the "
+            "longer one).", split, epoch, sum(sizes), first)
+        return True
+
     def one_pass() -> Iterator[dict[str, Any]]:
-        """One pass: one epoch (or the next, if a failed train() call took it back)."""
+        """One pass: one epoch (or the next, if a failed train() call took it back, or cut it
+        short of the first pass: see ``goes_on``)."""
         stream = buffer.open_stream(split, repeat=False)
         sizes: list[int] = []
-        complete = False
+        complete = continued = False
         try:
             while True:
                 epoch = claim_next(stream, True)
@@ -476,11 +493,17 @@ def push_dataset(
                 if items is None:
                     return
                 if (yield from items) is not True:
+                    if goes_on(epoch, sizes):
+                        continued = True
+                        continue
                     complete = bool(sizes)
                     return
         finally:
             buffer.close_stream(stream)
-            check_size(sum(sizes) if sizes else None, complete)
+            if continued:  # longer than the first on purpose: said once, in goes_on
+                sizes_seen.passes += 1
+            else:
+                check_size(sum(sizes) if sizes else None, complete)
 
     taken_back: set[int] = set()  # epochs of a repeat=True stream that a failed train() took back
 

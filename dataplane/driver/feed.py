@@ -586,7 +586,7 @@ class Feeder:
                 replies = self._each(nodes, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch})
                 states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
                 reading = {nid for nid, st in states.items() if not st.closed}
-                self._end_epoch(ep, reading, {nid: st.rows for nid, st in states.items()}, nodes)
+                self._end_epoch(ep, reading, {nid: st.rows for nid, st in states.items()}, nodes, cut=True)
                 for _, sent in ep.ending:
                     sent.result()
             except Exception as e:  # noqa: BLE001 - the original error is what the user needs
@@ -712,12 +712,14 @@ class Feeder:
         self._end_epoch(ep, reading, ep.received)
 
     def _end_epoch(self, ep: _EpochBooks, reading: set[int], held: dict[int, int],
-                   nodes: Sequence[NodeInfo] | None = None) -> None:
+                   nodes: Sequence[NodeInfo] | None = None, *, cut: bool = False) -> None:
         """Tell every worker (``nodes``: those of them still alive, after a failed push) how
         many rows to yield for ``ep``: the fewest any worker still reading it holds, so all of
         them yield the same number (of rows, and of batches); with ``ep.balance`` off (TFoS's
         ``TFCluster.train``, which feeds every element), each its own. A worker that refused
-        the epoch is never told more than it holds (``held``)."""
+        the epoch is never told more than it holds (``held``). ``cut``: a failed call ends
+        the epoch with what arrived (a pass shorter than its first then goes on with the next
+        call's epoch, see ``feeders.source``)."""
         nodes = ep.workers if nodes is None else nodes
         held = {nid: held.get(nid, 0) + ep.carried_in.get(nid, 0) for nid in {*held, *ep.carried_in}}
         limit = min((held.get(nid, 0) for nid in reading), default=0)
@@ -728,7 +730,7 @@ class Feeder:
         # not waited for here: the next epoch's job starts at once, and _settle's long poll,
         # which needs the limit to have arrived, checks the replies first
         ep.ending = self._send(nodes, Action.END_EPOCH,
-                               lambda n: {"epoch": ep.epoch, "limit": ep.limits[n.node_id]})
+                               lambda n: {"epoch": ep.epoch, "limit": ep.limits[n.node_id], "cut": cut})
 
     def _states(self, ep: _EpochBooks, wait: float = 0.0) -> dict[int, EpochState]:
         replies = self._each(ep.workers, Action.EPOCH_STATE, lambda n: {"epoch": ep.epoch, "wait": wait})

@@ -239,7 +239,7 @@ class NodeServer(flight.FlightServerBase):
                                        keep=[int(e) for e in body["keep"]])
             return json_result({"ok": True})
         if name is Action.END_EPOCH:
-            self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]))
+            self.buffer.end_epoch(int(body["epoch"]), int(body["limit"]), cut=bool(body.get("cut", False)))
             return json_result({"ok": True})
         if name is Action.EPOCH_STATE:
             wait = float(body.get("wait", 0.0))

@@ -852,8 +852,12 @@ def _keras_fit_main(args, ctx):  # type: ignore[no-untyped-def]
         def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
             self.steps[-1] += 1
 
-    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
+    import tensorflow as tf
+
+    mwms = ctx.num_workers > 1  # (one node, or every node a MultiWorkerMirroredStrategy worker)
+    with (tf.distribute.MultiWorkerMirroredStrategy() if mwms else tf.distribute.get_strategy()).scope():
+        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
     steps = Steps()
     model.fit(ctx.dataset(32, features="f", label="g"), epochs=args["epochs"], verbose=0, callbacks=[steps])
     with open(os.path.join(args["dir"], f"steps{ctx.node_id}.json"), "w") as f:
@@ -911,6 +915,64 @@ def test_a_keras_fit_carries_on_after_a_train_call_whose_dataframe_failed(spark,
         # handed to TensorFlow: what fit trained on, plus what tf.data had prefetched
         handed = report.rows - sum(report.rows_unconsumed.values())
         assert 2 * min(300, 32 * steps[1]) <= handed <= 600, (report, steps)
+    finally:
+        _stop(cluster, pids)
+
+
+def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_call(spark, tmp_path):
+    """Two MultiWorkerMirroredStrategy workers in one Keras fit(epochs=3); the train call's
+    second epoch fails (a UDF raising on a row once it is recomputed), so that
+    epoch ends with the rows that had arrived, shorter than fit's first. Keras stops a fit at
+    a pass shorter than its first epoch ("Your input ran out of data"): main used to return
+    there, and the user's next call, with the data fixed, was pushed to nobody and returned a
+    report of unconsumed rows. The cut pass now goes on with the next call's first epoch, and
+    fit trains all its 3 epochs, equal steps on both workers."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import FloatType
+
+    seen, begun = tmp_path / "row-600", tmp_path / "epoch-1-begun"
+
+    def price(i):  # type: ignore[no-untyped-def]
+        if i == 600:
+            with open(seen, "a") as f:
+                f.write("x")
+            if seen.stat().st_size >= 2:  # epoch 1's push, and its task's retries
+                deadline = time.monotonic() + 60
+                while not begun.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise ValueError(f"no price for id {i}")
+        return i / 1000
+
+    df = spark.range(0, 800, 1, 2).select(
+        F.udf(price, FloatType())("id").alias("f"), (F.col("id") / 1000).cast("float").alias("g"))
+    fixed = spark.range(0, 800, 1, 2).selectExpr("CAST(id / 1000 AS FLOAT) AS f", "CAST(id / 1000 AS FLOAT) AS g")
+    cluster = dataplane.run(spark, _keras_fit_main, {"epochs": 3, "dir": str(tmp_path)}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+
+    def mark_begun() -> None:  # fit reads epoch 1 (else the failed call takes it back unread)
+        deadline = time.monotonic() + 60
+        while (min(m.get("rows_taken", 0) for m in cluster.metrics().values()) <= 400
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        begun.touch()
+
+    try:
+        threading.Thread(target=mark_begun, daemon=True).start()
+        with pytest.raises(dataplane.FeedError) as info:
+            cluster.train(df, 3, feed_timeout=FEED_TIMEOUT)
+        assert begun.exists()
+        assert "pushing epoch 1 failed: PythonException: ValueError: no price for id 600" in str(info.value), info.value
+        report = cluster.train(fixed, 2, feed_timeout=FEED_TIMEOUT)
+        assert report.rows == 1600 and report.epochs == [3, 4], report
+        # a worker's 400 rows an epoch are 13 batches (the last of 16 rows), each of which
+        # Keras under MWMS cuts in two: 26 steps. The cut epoch plus epoch 3 make a longer
+        # pass, which fit ends at 26 steps (the rest of epoch 3 refused); epoch 4 is whole.
+        # Before: [26, k] with k < 26, and main returned
+        assert wait_json(tmp_path / "steps0.json", RETURNS_WITHIN) == [26, 26, 26]
+        assert wait_json(tmp_path / "steps1.json", RETURNS_WITHIN) == [26, 26, 26]
+        assert set(report.rows_unconsumed) <= {0, 1} and report.dropped_for_balance == 0, report
+        assert not any("returned from main" in m for m in report.messages), report.messages
     finally:
         _stop(cluster, pids)
 
