@@ -650,7 +650,8 @@ class Feeder:
 
     def _push_epoch(self, ep: _EpochBooks, report: FeedReport, clock: FeedClock) -> None:
         sp = ep.source
-        what = f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}"
+        what = (f"pushing the stream's micro-batch (epoch {ep.epoch})" if ep.carry else
+                f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}")
         held = tuple(ep.carried_in.get(n.node_id, 0) for n in ep.workers) if ep.carry else None
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch, what=what, clock=clock,
                               why_late=lambda: self._unread(ep), held=held)
@@ -769,6 +770,16 @@ class Feeder:
                 err = self._failure()
                 if err is not None:
                     raise err
+                if clock.expired() and ep.carry:
+                    raise FeedError(
+                        f"the stream's micro-batch (epoch {ep.epoch}) was pushed, but node(s) "
+                        f"{_not_reading(states)} stopped reading it: nothing moved for "
+                        f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). Read a "
+                        f"stream with ctx.dataset(repeat=True), or a pass per micro-batch until "
+                        f"ctx.should_stop; stop the query (query.stop()) before main reads no "
+                        f"more, or raise feed_stream(feed_timeout=...) if a node may rightly "
+                        f"read nothing for longer."
+                    )
                 if clock.expired():
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
@@ -852,6 +863,12 @@ class Feeder:
                         " Their main never read this validation epoch: read it with "
                         "ctx.dataset(..., split='validation') (for fit(validation_data=...)), "
                         "or leave validation= out of train()."
+                    )
+                elif ep.carry:
+                    msg += (
+                        " Their main no longer reads the stream: read it with "
+                        "ctx.dataset(repeat=True), which ends when the cluster shuts down, or "
+                        "stop the query (query.stop()) before main returns."
                     )
                 elif unread:
                     cached = ep.record is not None or ep.replay is not None

@@ -315,6 +315,33 @@ def test_a_stop_during_the_emptiness_check_still_pushes_that_batch(spark, tmp_pa
     assert [sorted(e) for e in _epochs(out)] == [list(range(300)), list(range(300, 600))]
 
 
+def test_a_stalled_micro_batch_fails_the_query_in_stream_words(spark, tmp_path):
+    """Two nodes; the chief reads one micro-batch, then stalls: the next micro-batch's
+    feed_timeout error names the stream's micro-batch and how to read a stream (it named
+    "epoch N", which the user never pushed, and train(num_epochs=...))."""
+    src, out, later = tmp_path / "in", tmp_path / "out", tmp_path / "later"
+    out.mkdir()
+    later.mkdir()
+    _landed(src, [20, 20])
+    os.rename(src / "part-1.parquet", later / "part-1.parquet")
+    stream = spark.readStream.schema("value long").option("maxFilesPerTrigger", 1).parquet(str(src))
+    args = {"dir": str(out), "per_node": True, "passes": 1, "stall": 8}
+    with dataplane.run(spark, stream_main, args, num_nodes=2) as cluster:
+        # micro-batch 0 with time for the nodes to start, then micro-batch 1 with 2 s
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"))
+        query.processAllAvailable()
+        query.stop()
+        os.rename(later / "part-1.parquet", src / "part-1.parquet")
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"), feed_timeout=2)
+        with pytest.raises(Exception):
+            query.processAllAvailable()
+    text = str(query.exception())
+    assert "the stream's micro-batch (epoch 1) was pushed, but node(s) [0] stopped reading " \
+           "it: nothing moved for feed_timeout=2 s" in text, text
+    assert "Read a stream with ctx.dataset(repeat=True)" in text and "train(num_epochs=...) pushes" not in text, text
+    assert wait_json(out / "chief0" / "done.json", 30) == {"epochs": 1}
+
+
 def test_a_query_left_running_past_shutdown_fails_saying_so(spark, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
@@ -28,7 +29,9 @@ def digits_train_fn(args, ctx):  # type: ignore[no-untyped-def]
 def stream_main(args, ctx):  # type: ignore[no-untyped-def]
     """Record every pushed epoch (= one streaming micro-batch): its ids, in arrival order
     (``per_node``: in a folder per node, ``chief0``, ``worker1``...); ``break_pass``: the
-    chief reads one batch of that pass and leaves it; ``fresh``: a new dataset every pass."""
+    chief reads one batch of that pass and leaves it; ``fresh``: a new dataset every pass;
+    ``passes``: the chief stops reading after that many passes, and returns ``stall`` seconds
+    later."""
     ds = ctx.dataset(batch_size=args.get("batch_size", 64), shapes=args.get("shapes"))
     out = args["dir"]
     if args.get("per_node"):
@@ -50,6 +53,9 @@ def stream_main(args, ctx):  # type: ignore[no-untyped-def]
         with open(os.path.join(out, f"epoch{epoch:05d}.json"), "w") as f:
             json.dump(ids, f)
         epoch += 1
+        if epoch == args.get("passes") and ctx.role == "chief":
+            time.sleep(args.get("stall", 0))
+            break
     with open(os.path.join(out, "done.json"), "w") as f:
         json.dump({"epochs": epoch}, f)
     _ = np  # keep numpy imported for the dataset conversion
