@@ -649,6 +649,8 @@ class FeedBuffer:
                 raise FeedError(f"end_epoch for epoch {epoch}, which this node never began")
             ep.limit = int(limit)
             ep.cut = cut
+            if not ep.feeding:  # its pass has all it needs now: no producer may park for it
+                self._starving.pop(epoch, None)
             if ep.cache is not None and ep.info.record is not None and not ep.cache.sealed:
                 ep.cache.seal()
                 self._cache_metrics()

@@ -513,6 +513,33 @@ def test_rows_of_an_epoch_read_later_are_parked_while_another_pass_starves(tmp_p
     assert not producer.is_alive() and not done.is_set()
 
 
+def test_a_pass_whose_limit_arrived_no_longer_counts_as_starving(tmp_path):
+    """A pass waits for its epoch's limit (the push job is over, the driver's END_EPOCH is on
+    its way) and so counts as starving. Once the limit arrives it has all it needs; but until
+    its thread woke to clear that, a cached replay filling the buffer parked its rows as if
+    that pass starved, and, once one batch is parked, all the rest of the replay: a node's
+    whole cached share was then handed to the next pass in one take (a sweep saw +620 MiB of
+    RSS with 8 MB rows and a shuffle). Here the lock is held across the limit and the
+    producer's check, as when the producer wins the race."""
+    from feeders.buffer import PARK_AFTER
+
+    buf = FeedBuffer(4096, cache_dir=str(tmp_path))  # 512 int64 rows
+    buf.begin_epoch(EpochInfo(0, SCHEMA))
+    buf.begin_epoch(EpochInfo(1, SCHEMA))
+    assert buf.put_stream(1, 0, _batches(0, 500, 100)) == 500  # nearly fills the buffer
+    got0: list[int] = []
+    reader = threading.Thread(target=lambda: got0.extend(_drain(buf, 0)))
+    reader.start()  # epoch 0 pushed nothing yet: its pass waits, starving
+    time.sleep(2 * PARK_AFTER)
+    with buf._cond:
+        buf.end_epoch(0, 0)
+        assert not buf._parking(buf._epochs[1], 800)  # would wait for room, not park
+    reader.join(10)
+    assert got0 == [] and buf.snapshot()["rows_parked"] == 0
+    buf.end_epoch(1, 500)
+    assert _drain(buf, 1) == list(range(500)) and list(tmp_path.iterdir()) == []
+
+
 IMAGE_SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32()))])
 IMAGE_WIDTH = 64 * 64 * 3  # 48 KiB rows: a 1 MiB buffer holds 21
 
