@@ -5,9 +5,10 @@ rows it accepts (after dedupe of retried tasks, in arrival order) into an :class
 and replays them for the later epochs without any traffic from Spark.
 
 Memory is bounded: batches are kept in memory up to ``memory_bytes`` (``dataplane.run``'s
-``cache_bytes``); the rest is spilled to Arrow IPC files in the node's work directory, read back
-memory-mapped (so a replay costs page-cache reads, not a second copy). The files go when the
-cache is dropped, and the work directory with them when the node exits.
+``cache_bytes``); the rest is spilled to Arrow IPC files in the node's work directory, read back a batch at a
+time into memory freed once the batch is used (a memory map would leave every page a replay
+touched in the node's resident set). The files go when the cache is dropped, and the work
+directory with them when the node exits.
 
 Replay order: :meth:`EpochCache.batches` yields the stored batches in order, or in a seeded
 random order of batches (``shuffle``); rows are shuffled further within a window by the
@@ -44,7 +45,7 @@ class EpochCache:
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self._writer_bytes = 0
         self._writer_batches = 0
-        self._readers: dict[int, pa.ipc.RecordBatchFileReader] = {}
+        self._readers: dict[int, tuple[pa.ipc.RecordBatchFileReader, pa.OSFile]] = {}
         self.rows = 0
         self.bytes = 0
         self.memory_used = 0
@@ -114,11 +115,14 @@ class EpochCache:
                 yield self._reader(f).get_batch(k)
 
     def _reader(self, f: int) -> pa.ipc.RecordBatchFileReader:
-        r = self._readers.get(f)
-        if r is None:
-            r = pa.ipc.open_file(pa.memory_map(self._files[f], "r"))
-            self._readers[f] = r
-        return r
+        got = self._readers.get(f)
+        if got is None:
+            # plain reads, not a memory map: a mapped page a replay touched stays in the
+            # node's RSS until the cache is dropped, which an RSS limit (YARN, Kubernetes)
+            # counts as if the whole share were held in memory
+            source = pa.OSFile(self._files[f], "rb")
+            got = self._readers[f] = (pa.ipc.open_file(source), source)
+        return got[0]
 
     @property
     def files(self) -> list[str]:
@@ -128,7 +132,8 @@ class EpochCache:
         """Free the memory and remove the spill files."""
         with self._lock:
             self._close_writer()
-            self._readers.clear()
+            self._readers.clear()  # (their files close with them; a replay still running
+            # at shutdown keeps its own until it ends)
             self._memory.clear()
             self._where.clear()
             for path in self._files:
