@@ -8,13 +8,14 @@ stopping, then reaping what lingers on this machine). Starting the nodes is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -252,7 +253,8 @@ class Cluster:
         ``drain=False`` skips the first step: the nodes are told to stop at once, and a main
         still running gets one second instead of ``stop_grace``. Leaving a
         ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since
-        the program is ending anyway.
+        the program is ending anyway; a second Ctrl-C meanwhile is held until the nodes have
+        stopped (a few seconds at most), then raised.
 
         Calling it again is a no-op. (``_stop_busy``, for ``TFCluster.shutdown``, whose timeout
         bounds the whole shutdown as in TensorFlowOnSpark: busy mains are stopped once
@@ -272,14 +274,22 @@ class Cluster:
             try:
                 self._drain(deadline, stop_busy=_stop_busy)
             except BaseException:  # Ctrl-C while waiting for busy mains: stop them now
-                self._stop_nodes(10.0, now=True)
-                self._state = "stopped"
-                self._feeder.close()
+                self._stop_now()
                 raise
             failure = self._node_failure()
-        unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0), now=not drain)
-        self._state = "stopped"
-        self._feeder.close()
+        if not drain:  # (leaving a with-block on Ctrl-C: a second one must not cut it short)
+            with _ctrl_c_held("stopping the nodes"):
+                unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0), now=True)
+                self._state = "stopped"
+                self._feeder.close()
+        else:
+            try:
+                unreachable = self._stop_nodes(max(deadline - time.monotonic(), 10.0))
+            except BaseException:  # Ctrl-C while the nodes finish: stop them now
+                self._stop_now()
+                raise
+            self._state = "stopped"
+            self._feeder.close()
         if failure is None:
             failure = self._node_failure(include_lost=False)
         if failure is None:
@@ -558,6 +568,15 @@ class Cluster:
             self._launch_job.cancel()
         return unreachable
 
+    def _stop_now(self) -> None:
+        """Stop the nodes at once after a Ctrl-C, holding a further Ctrl-C until they are
+        (an interrupted stop left the cluster "stopping" for good, with the driver's control
+        server, its port and threads still open, and shutdown() a no-op)."""
+        with _ctrl_c_held("stopping the nodes"):
+            self._stop_nodes(10.0, now=True)
+            self._state = "stopped"
+            self._feeder.close()
+
     def _reap_local(self, deadline: float) -> None:
         """Make sure node processes on this machine are gone (kill what lingers)."""
         for nid, st in self._control.snapshot().items():
@@ -581,6 +600,34 @@ class Cluster:
             self._stop_nodes(timeout=15.0, now=True)
         finally:
             self._state = "stopped"
+
+
+@contextlib.contextmanager
+def _ctrl_c_held(what: str) -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) while a stop bounded in time runs, then raise KeyboardInterrupt
+    if one came: notebook users press it twice, and the second cut the stop short. Only the
+    main thread can take signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if not pressed:
+            logger.warning("Ctrl-C: %s first (a few seconds at most)", what)
+        pressed.append(signum)
+
+    try:
+        before = signal.signal(signal.SIGINT, hold)
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def _lost(name: str, info: NodeInfo | None, silent_for: float, registration: dict[str, Any]) -> NodeError:

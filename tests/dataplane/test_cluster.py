@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
 import urllib.request
 
@@ -13,7 +15,7 @@ import pytest
 import dataplane
 from dataplane.topology import assign_roles
 from tests.dataplane.clusterutil import node_processes, node_workdirs, wait_gone, wait_json
-from tests.dataplane.mains import describe_main, spawn_main, temp_main
+from tests.dataplane.mains import busy_main, describe_main, spawn_main, temp_main
 
 pytestmark = pytest.mark.cluster
 
@@ -142,6 +144,40 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def test_a_second_ctrl_c_while_a_with_block_stops_its_nodes_lets_the_stop_finish(spark, tmp_path):
+    """Ctrl-C in a with-block stops the nodes at once (a busy main gets one second); a
+    second Ctrl-C during that stop (notebook users press it twice) is held until the stop is
+    done, then raised. It used to cut the stop short: the cluster stayed "stopping" for good,
+    with the driver's control server, its port and threads still open, and shutdown() a
+    no-op."""
+    window = threading.Event()
+
+    def press(signum, frame):  # type: ignore[no-untyped-def]
+        if window.is_set():  # (never outside the block: pytest would stop the whole run)
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, press)
+    second = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with dataplane.run(spark, busy_main, {"dir": str(tmp_path)}, num_nodes=1) as cluster:
+                pids = [n.pid for n in cluster.nodes]
+                wait_json(tmp_path / "busy0.json", 60)
+                window.set()
+                second.start()  # lands in the stop: the busy main holds it for a second
+                raise KeyboardInterrupt  # the first Ctrl-C
+        window.clear()
+        second.join(5)
+        assert cluster.state == "stopped"
+        assert [t.name for t in threading.enumerate() if t.name.startswith("dataplane-action")] == []
+        wait_gone(pids, 30)
+        assert node_processes(cluster.cluster_id) == []
+    finally:
+        window.clear()
+        second.cancel()
+        signal.signal(signal.SIGINT, before)
 
 
 def test_bad_arguments_fail_before_anything_starts(spark):
