@@ -151,19 +151,20 @@ def test_overwrite_of_a_dst_that_holds_src_is_refused_before_anything_is_deleted
     assert pq.read_table(src / "part-0.parquet").num_rows == 50
 
 
-def test_overwrite_keeps_the_earlier_tfrecord_output_when_the_new_export_fails(tmp_path):
+def test_overwrite_keeps_the_earlier_tfrecord_output_when_the_new_export_fails(spark, tmp_path):
+    import formats
+
     src = tmp_path / "src.parquet"
     pq.write_table(numeric_table(40).select(["id"]), src)
     dst = tmp_path / "out"
-    assert _cli(src, dst, "--to", "tfrecord").returncode == 0
+    formats.parquet_to_tfrecords(spark, src, dst)  # (the CLI's own path, without its start-up)
     before = sorted(p.name for p in dst.iterdir())
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"x": pa.array([1.0, 1e300])}), bad)  # no float32 holds 1e300
     res = _cli(bad, dst, "--to", "tfrecord", "--overwrite")
     assert res.returncode != 0 and "1e+300" in res.stderr, res.stderr
     assert sorted(p.name for p in dst.iterdir()) == before  # the good export is still whole
-    res = _cli(src, dst, "--to", "tfrecord", "--overwrite")  # a good one replaces it
-    assert res.returncode == 0, res.stderr
+    formats.parquet_to_tfrecords(spark, src, dst, mode="overwrite")  # a good one replaces it
     assert sorted(p.name for p in dst.iterdir()) == before
 
 
@@ -178,7 +179,7 @@ def test_parquet_export_into_an_existing_empty_directory(tmp_path):
     assert sorted(pq.read_table(dst).column("id").to_pylist()) == list(range(30))
 
 
-def test_a_feature_the_inference_sample_missed_fails_the_export_instead_of_vanishing(tmp_path):
+def test_a_feature_the_inference_sample_missed_fails_the_export_instead_of_vanishing(spark, tmp_path):
     # records 1200-1499 carry a feature 'x' the first 1000 do not: the Parquet output had no
     # 'x' column and the export said it succeeded
     import tensorflow as tf
@@ -195,7 +196,8 @@ def test_a_feature_the_inference_sample_missed_fails_the_export_instead_of_vanis
     assert res.returncode != 0, res.stdout
     assert "has feature 'x', which is not in the schema (inferred from the first 1000 records" in res.stderr, res.stderr
     assert "--sample N" in res.stderr and not (tmp_path / "out").exists()
-    res = _cli(src, tmp_path / "out", "--to", "parquet", "--sample", "1500")
-    assert res.returncode == 0, res.stderr
+    import formats  # what --sample N passes on (the CLI's start-up spared)
+
+    formats.read_tfrecords(spark, src, sample=1500).write.parquet(str(tmp_path / "out"))
     table = pq.read_table(tmp_path / "out")
     assert table.num_rows == 1500 and table.column("x").null_count == 1200
