@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
@@ -68,6 +69,10 @@ class Cluster:
             live_workers=self._live_workers, failure=self._node_failure,
             stopping=lambda: self._state in ("stopping", "stopped"),
         )
+        # a cluster dropped without shutdown() (a notebook cell that ran dataplane.run again)
+        # stops its nodes when collected; at exit the nodes go with the driver anyway
+        self._finalizer = weakref.finalize(self, _stop_dropped, control, launch_job, cluster_id)
+        self._finalizer.atexit = False
 
     # -- public -------------------------------------------------------------------------------
     @property
@@ -566,6 +571,7 @@ class Cluster:
         self._control.shutdown()
         if self._launch_job is not None and not self._launch_job.done():
             self._launch_job.cancel()
+        self._finalizer.detach()
         return unreachable
 
     def _stop_now(self) -> None:
@@ -600,6 +606,26 @@ class Cluster:
             self._stop_nodes(timeout=15.0, now=True)
         finally:
             self._state = "stopped"
+
+
+def _stop_dropped(control: ControlServer, launch_job: SparkJob | None, cluster_id: str) -> None:
+    """A Cluster was garbage-collected while running: tell its nodes to stop (through their
+    heartbeats), then close its control server and its Spark job, in a thread of its own
+    (finalizers must not block). It used to keep its nodes, ports and work directories until
+    the driver exited, even past spark.stop()."""
+    logger.warning(
+        "cluster %s was dropped without shutdown() (for example a notebook cell that ran "
+        "dataplane.run again): stopping its nodes. Call cluster.shutdown(), or use `with "
+        "dataplane.run(...) as cluster:`.", cluster_id)
+
+    def stop() -> None:
+        control.request_stop()
+        control.wait_for(lambda st: all(s.exited for s in st.values()), 30.0)
+        control.shutdown()
+        if launch_job is not None and not launch_job.done():
+            launch_job.cancel()
+
+    threading.Thread(target=stop, name="dataplane-dropped-cluster", daemon=True).start()
 
 
 @contextlib.contextmanager

@@ -180,6 +180,29 @@ def test_a_second_ctrl_c_while_a_with_block_stops_its_nodes_lets_the_stop_finish
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_cluster_dropped_without_shutdown_stops_its_nodes(spark, caplog):
+    """A notebook cell that runs `cluster = dataplane.run(...)` again drops the cluster it
+    made before. Its nodes, ports and work directories used to stay until the driver
+    exited, even past spark.stop(); now collecting it stops them, and says so."""
+    import gc
+
+    from tests.dataplane.mains import idle_main
+
+    cluster = dataplane.run(spark, idle_main, {}, num_nodes=2)
+    pids, cluster_id = [n.pid for n in cluster.nodes], cluster.cluster_id
+    with caplog.at_level("WARNING", logger="dataplane.driver.cluster"):
+        del cluster
+        gc.collect()
+    wait_gone(pids, 30)
+    assert node_processes(cluster_id) == []
+    deadline = time.monotonic() + 30
+    while any(t.name == "dataplane-dropped-cluster" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the dropped cluster's stop did not end"
+        time.sleep(0.1)
+    notes = [r.getMessage() for r in caplog.records if "was dropped without shutdown()" in r.getMessage()]
+    assert len(notes) == 1 and cluster_id in notes[0], notes
+
+
 def test_bad_arguments_fail_before_anything_starts(spark):
     with pytest.raises(ValueError, match="num_nodes=2 cannot hold 2 ps"):
         dataplane.run(spark, describe_main, num_nodes=2, num_ps=2)
