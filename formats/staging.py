@@ -408,7 +408,7 @@ class _Progress:
             self._thread.start()
         return self
 
-    def _poll(self) -> None:
+    def _counts(self) -> tuple[int, int]:
         tracker = self.sc.statusTracker()  # type: ignore[union-attr]
         done = total = 0
         for job in tracker.getJobIdsForGroup(self.group):
@@ -418,24 +418,39 @@ class _Progress:
                 if s is not None:
                     done += s.numCompletedTasks
                     total += s.numTasks
-        if total:
-            self.callback(done, total)  # type: ignore[misc]
+        return done, total
+
+    def _report(self, done: int, total: int) -> None:
+        """Call the user's callback; one that raises is reported once and not called again
+        (the export goes on: progress must never break it)."""
+        if self.callback is None or not total:
+            return
+        try:
+            self.callback(done, total)
+        except Exception as e:  # noqa: BLE001 - the user's code
+            logger.warning("the export's progress callback raised %s: %s; progress is no longer "
+                           "reported to it", type(e).__name__, e, exc_info=True)
+            self.callback = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self._poll()
-            except Exception:  # noqa: BLE001 - progress must never break the export
+                counts = self._counts()
+            except Exception:  # noqa: BLE001 - Spark's tracker: progress must never break the export
                 logger.debug("progress poll failed", exc_info=True)
+                continue
+            self._report(*counts)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5)
             try:
-                self._poll()
+                done, total = self._counts()
             except Exception:  # noqa: BLE001
-                pass
+                done = total = 0
+            # a job that succeeded did all it needed (stages Spark skipped count tasks never run)
+            self._report(total if exc_type is None else done, total)
             self.sc.setLocalProperty("spark.jobGroup.id", self._prev_group)  # type: ignore[union-attr]
 
 

@@ -1,8 +1,8 @@
 """``dataplane export SRC DST --to tfrecord|parquet``: convert a dataset as a Spark job.
 
 Runs on an embedded local Spark (``local[*]``, UI off, binding ``SPARK_LOCAL_IP`` when set) or on
-``--master``. A progress bar goes to stderr when it is a terminal; a one-line summary (rows,
-files, bytes, seconds, rows/s) goes to stdout. A bad SRC (missing, empty, a column type TF cannot
+``--master``. A progress bar goes to stderr when it is a terminal (else a line every 30 s); a
+one-line summary (rows, files, bytes, seconds, rows/s) goes to stdout. A bad SRC (missing, empty, a column type TF cannot
 hold) is reported on stderr with a non-zero exit, and no output is left behind.
 
 Parquet -> TFRecord uses :func:`formats.parquet_to_tfrecords` (the tasks read the Parquet files
@@ -86,20 +86,30 @@ def _human_bytes(n: float) -> str:
 
 
 class _Bar:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+    """A one-line progress bar on stderr when it is a terminal; otherwise (a log file, CI) a
+    line every ``every`` seconds, once the export has run that long."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, every: float = 30.0) -> None:
         self.label = label
         self.tty = sys.stderr.isatty()
         self.drawn = False
         self.started = time.perf_counter()
+        self.every = every
+        self.next_line = self.started + every
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.tty or total <= 0:
+        if total <= 0:
+            return
+        now = time.perf_counter()
+        secs = now - self.started
+        if not self.tty:
+            if now >= self.next_line:
+                sys.stderr.write(f"{self.label}: {done}/{total} tasks, {secs:.0f} s\n")
+                sys.stderr.flush()
+                self.next_line = now + self.every
             return
         width = 30
         filled = int(width * done / total)
-        secs = time.perf_counter() - self.started
         sys.stderr.write(
             f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tasks {secs:5.1f}s"
         )

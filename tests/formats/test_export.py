@@ -306,3 +306,38 @@ def test_spark_reads_the_parquet_files_ours_read_beside_a_readme(spark, tmp_path
     # a glob: partition keys count from the directory above the first wildcard, as in ours
     glob = sorted(tuple(r) for r in read_parquet(spark, f"{tmp_path}/day=*/part-0.parquet").select("x", "day").collect())
     assert glob == rows
+
+
+def test_progress_ends_at_every_task_done_and_a_raising_callback_is_said_once(spark, tmp_path, caplog):
+    """progress= gets (done, total) and its last call, once the job succeeded, has
+    done == total; a callback that raises is reported (it was swallowed at debug level) and
+    not called again, and the export goes on."""
+    src = tmp_path / "src.parquet"
+    pq.write_table(numeric_table(200), src)
+    seen: list[tuple[int, int]] = []
+    formats.parquet_to_tfrecords(spark, src, tmp_path / "a", num_files=3,
+                                 progress=lambda done, total: seen.append((done, total)))
+    assert seen and all(0 <= d <= t for d, t in seen), seen
+    assert seen[-1][0] == seen[-1][1] > 0, seen
+    calls: list[int] = []
+
+    def broken(done: int, total: int) -> None:
+        calls.append(done)
+        raise RuntimeError("the bar broke")
+
+    with caplog.at_level("WARNING", logger="formats.staging"):
+        res = formats.parquet_to_tfrecords(spark, src, tmp_path / "b", progress=broken)
+    assert res.rows == 200 and len(calls) == 1
+    notes = [r.getMessage() for r in caplog.records if "progress callback raised" in r.getMessage()]
+    assert len(notes) == 1 and "RuntimeError: the bar broke" in notes[0], notes
+
+
+def test_the_cli_progress_writes_lines_when_stderr_is_not_a_terminal(capsys):
+    from dataplane.cli.export import _Bar
+
+    bar = _Bar("export -> tfrecord", every=0.0)  # (the CLI's: every 30 s)
+    bar(3, 10)
+    bar(10, 10)
+    bar.close()
+    assert capsys.readouterr().err.splitlines() == [
+        "export -> tfrecord: 3/10 tasks, 0 s", "export -> tfrecord: 10/10 tasks, 0 s"]
