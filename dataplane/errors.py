@@ -172,7 +172,7 @@ def spark_job_error(e: BaseException, *, max_lines: int = 8) -> str:
     return lines[0][:2000] if text else repr(e)
 
 
-_OURS_IN_TASKS = ("FeedError", "SchemaError", "RecordError", "StorageError")
+_OURS_IN_TASKS = ("FeedError", "SchemaError", "NotTextError", "RecordError", "StorageError")
 _PY4J_CALL = re.compile(r"^An error occurred while calling [\w.:$]+\.?$")  # o85.collect, z:org.x.Y.m
 
 

@@ -202,10 +202,21 @@ def _spark_error_text(exc: BaseException) -> str:
     own errors raised in a task shown from their class name on."""
     from dataplane.errors import spark_job_error
 
-    text = spark_job_error(exc, max_lines=1)
-    for marker in ("SchemaError: ", "RecordError: ", "StorageError: ", "FeedError: "):
+    text = _cli_words(spark_job_error(exc, max_lines=1))
+    for marker in ("NotTextError: ", "SchemaError: ", "RecordError: ", "StorageError: ", "FeedError: "):
         if marker in text:
-            return marker + text.split(marker, 1)[1].strip()
+            return ("SchemaError: " if marker == "NotTextError: " else marker) + text.split(marker, 1)[1].strip()
+    return text
+
+
+def _cli_words(text: str) -> str:
+    """Our errors' fixes in the Python API's words, said as this command's options."""
+    text = text.replace(
+        "pass a schema with a binary type",
+        "a larger --sample N, whose records then hold such a value: the column is inferred "
+        "as binary")
+    if "compression='GZIP'" in text and "--src-compression" not in text:
+        text += " (here: --src-compression gzip or zlib)"
     return text
 
 
@@ -311,7 +322,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
             return _fail(f"SRC {args.src} has no rows; there is nothing to export.")
     except DataplaneError as exc:
         hint = " (here: --src-compression gzip or zlib)" if getattr(exc, "maybe_compressed", False) else ""
-        return _fail(f"cannot read SRC {args.src}: {exc}{hint}", verbose=getattr(args, "verbose", 0))
+        return _fail(f"cannot read SRC {args.src}: {_cli_words(str(exc) + hint)}", verbose=getattr(args, "verbose", 0))
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
         return _fail(f"cannot read SRC {args.src} as {source_format}: {_spark_error_text(exc)}",
                      verbose=getattr(args, "verbose", 0))
@@ -364,7 +375,7 @@ def _failed(exc: Exception, bar: "_Bar", dst: Any, dst_created: bool, verbose: i
     bar.close()
     _remove_output(dst, dst_created)
     if isinstance(exc, DataplaneError):
-        return _fail(str(exc), verbose=verbose)
+        return _fail(_cli_words(str(exc)), verbose=verbose)
     return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED, verbose=verbose)
 
 

@@ -201,3 +201,21 @@ def test_a_feature_the_inference_sample_missed_fails_the_export_instead_of_vanis
     formats.read_tfrecords(spark, src, sample=1500).write.parquet(str(tmp_path / "out"))
     table = pq.read_table(tmp_path / "out")
     assert table.num_rows == 1500 and table.column("x").null_count == 1200
+
+
+def test_api_fixes_in_errors_are_said_as_this_commands_options():
+    """A non-UTF-8 bytes value past the inference sample (read_tfrecords' NotTextError), as
+    the export job reports it: the fix was "pass a schema with a binary type", which no CLI
+    option does, under a class path the user never imported; a CRC error found in the job
+    said compression='GZIP' without the CLI's option."""
+    from dataplane.cli.export import _cli_words, _spark_error_text
+    from formats.example_decode import NotTextError
+
+    raised = RuntimeError(f"Job aborted.\nformats.example_decode.NotTextError: "
+                          f"{NotTextError('s', pa.string(), 'Invalid UTF8 payload')}")
+    text = _spark_error_text(raised)
+    assert text.startswith("SchemaError: column 's': bytes_list values cannot be read as string"), text
+    assert "a larger --sample N" in text and "pass a schema" not in text, text
+    crc = "corrupt record at byte offset 0 (or is compressed: pass compression='GZIP'/'ZLIB')."
+    assert _cli_words(crc).endswith("(here: --src-compression gzip or zlib)")
+    assert _cli_words(crc + " (here: --src-compression gzip or zlib)").count("--src-compression") == 1
