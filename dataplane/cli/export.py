@@ -285,16 +285,22 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(storage_error(exc, "reach", f"{args.src} or {args.dst}")),
                      verbose=getattr(args, "verbose", 0))
 
+    from dataplane.driver.sparkjobs import plain_ctrl_c
+
     started = time.perf_counter()
     spark = _spark(args.master, getattr(args, "verbose", 0))
     try:
-        if args.to == "parquet":  # Spark's own Parquet writer (and reader, for a Parquet SRC)
-            jvm_urls = [args.src, args.dst] if source_format == "parquet" else [args.dst]
-            problem = _jvm_cannot_reach(spark, jvm_urls)
-            if problem:
-                _remove_output(dst, dst_created)
-                return _fail(problem)
-        return _export(spark, args, src, dst, dst_created, source_format, compression, started)
+        with plain_ctrl_c(spark):  # (PySpark's handler printed py4j tracebacks)
+            if args.to == "parquet":  # Spark's own Parquet writer (and reader, for a Parquet SRC)
+                jvm_urls = [args.src, args.dst] if source_format == "parquet" else [args.dst]
+                problem = _jvm_cannot_reach(spark, jvm_urls)
+                if problem:
+                    _remove_output(dst, dst_created)
+                    return _fail(problem)
+            return _export(spark, args, src, dst, dst_created, source_format, compression, started)
+    except KeyboardInterrupt:
+        _remove_output(dst, dst_created)
+        raise
     finally:
         if not (args.master or "").startswith("sc://"):
             spark.stop()

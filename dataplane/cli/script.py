@@ -50,6 +50,14 @@ def _parser(only: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def _not_py4j_interrupted(record: logging.LogRecord) -> bool:
+    """Drop py4j's own reports of a call cut by Ctrl-C (and of the connection it then
+    closes), which it logs with tracebacks, some on the root logger."""
+    exc = record.exc_info[1] if record.exc_info else None
+    cut = isinstance(exc, KeyboardInterrupt) or isinstance(getattr(exc, "__context__", None), KeyboardInterrupt)
+    return not (cut and (record.name.startswith("py4j") or "while sending command" in record.getMessage()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if a in COMMANDS), None)
@@ -65,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # Ctrl-C in a py4j call: py4j logs its traceback; "interrupted" says it
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_py4j_interrupted)
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)

@@ -23,7 +23,7 @@ import pyarrow as pa
 from dataplane.driver.control import ControlServer
 from dataplane.errors import ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix
 from dataplane.driver.feed import Feeder, FeedReport
-from dataplane.driver.sparkjobs import SparkJob, spark_stopped
+from dataplane.driver.sparkjobs import SparkJob, plain_ctrl_c, spark_stopped
 from dataplane.topology import NodeInfo, Topology
 
 __all__ = ["Cluster"]
@@ -160,10 +160,11 @@ class Cluster:
             FeedError: the feeding job failed, or nothing moved for ``feed_timeout`` seconds.
         """
         self._check_running("train")
-        report = self._feeder.train(
-            df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress, cache=cache,
-            shuffle=shuffle, seed=seed, validation=validation,
-        )
+        with plain_ctrl_c(self.spark):
+            report = self._feeder.train(
+                df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress,
+                cache=cache, shuffle=shuffle, seed=seed, validation=validation,
+            )
         ps = [n for n in self.topology.nodes if n.role == "ps"] if self.topology else []
         if ps and report.rows and sum(report.rows_unconsumed.values()) + report.dropped_for_balance == report.rows:
             msg = (

@@ -5,11 +5,13 @@ Works with classic sessions (job groups) and Spark Connect sessions (operation t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import threading
 import uuid
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["SparkJob", "PerDataFrame", "is_connect", "arrow_schema_of", "sample_arrow"]
 
@@ -113,6 +115,38 @@ class SparkJob:
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
+
+
+@contextlib.contextmanager
+def plain_ctrl_c(spark: Any) -> Iterator[None]:
+    """Ctrl-C raises a plain KeyboardInterrupt while the block runs (main thread, classic
+    Spark); the Spark jobs still running when it leaves that way are cancelled then.
+
+    PySpark's own SIGINT handler calls ``SparkContext.cancelAllJobs()`` inside the signal,
+    that is in the middle of whatever py4j call the main thread is waiting in: that nested
+    call fails ("reentrant call"), prints tracebacks, and the command it left on the
+    connection can run later and cancel the *next* call's job ("cancelled as part of
+    cancellation of all jobs": a train() called again after Ctrl-C failed, 2 times in 17).
+    Cancelling here, once the interrupted call has unwound, does what that handler meant."""
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        current = signal.getsignal(signal.SIGINT)
+        if getattr(current, "__module__", "").startswith("pyspark"):
+            handler = current
+    if handler is None:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt:
+        try:
+            spark.sparkContext.cancelAllJobs()
+        except Exception as e:  # noqa: BLE001 - the session may be stopping
+            logger.debug("could not cancel Spark's jobs after Ctrl-C: %s", e)
+        raise
+    finally:
+        signal.signal(signal.SIGINT, handler)
 
 
 def arrow_schema_of(df: Any):  # type: ignore[no-untyped-def]

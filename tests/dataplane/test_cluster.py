@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ import pytest
 import dataplane
 from dataplane.topology import assign_roles
 from tests.dataplane.clusterutil import node_processes, node_workdirs, wait_gone, wait_json
-from tests.dataplane.mains import busy_main, describe_main, spawn_main, temp_main
+from tests.dataplane.mains import busy_main, describe_main, passes_main, spawn_main, temp_main
 
 pytestmark = pytest.mark.cluster
 
@@ -178,6 +179,39 @@ def test_a_second_ctrl_c_while_a_with_block_stops_its_nodes_lets_the_stop_finish
         window.clear()
         second.cancel()
         signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_during_train_is_a_plain_keyboard_interrupt(spark):
+    """PySpark's SIGINT handler calls cancelAllJobs() inside the signal, in the middle of the
+    py4j call the main thread waits in: the nested call fails with tracebacks, and the
+    command it leaves on the connection can run later and cancel the next train()'s job (a
+    sweep: 2 of 17 retries after Ctrl-C failed "cancelled as part of cancellation of all
+    jobs"). During train the handler is Python's own; the call cancels what it started, and
+    PySpark's handler is back afterwards."""
+    pyspark_handler = signal.getsignal(signal.SIGINT)
+    assert getattr(pyspark_handler, "__module__", "").startswith("pyspark")  # (the session's)
+    during = []
+    cluster = dataplane.run(spark, passes_main, {}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        df = spark.range(0, 2000, 1, 2)
+        report = cluster.train(df, 2, progress=lambda p: during.append(signal.getsignal(signal.SIGINT)))
+        assert report.rows == 4000 and during and all(h is signal.default_int_handler for h in during)
+        assert signal.getsignal(signal.SIGINT) is pyspark_handler
+
+        def ctrl_c() -> None:
+            time.sleep(0.5)
+            _thread.interrupt_main()  # as a SIGINT would, through the handler in place
+
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.train(df, 50, feed_timeout=60)
+        assert signal.getsignal(signal.SIGINT) is pyspark_handler
+        report = cluster.train(df, 2, feed_timeout=60)  # and the next call runs whole
+        assert report.rows == 4000 and report.spark_jobs == 2, report
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
 
 
 def test_a_cluster_dropped_without_shutdown_stops_its_nodes(spark, caplog):
