@@ -172,7 +172,15 @@ class PushJobs:
         ``held``: see :class:`feeders.push.PartitionPusher`."""
         pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, held)
         job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
-        return self._wait(job, clock, what, why_late)
+        try:
+            return self._wait(job, clock, what, why_late)
+        except BaseException:
+            # Spark's adaptive execution keeps a cancelled or failed run in the DataFrame's
+            # plan: collect() on the same object raises it again without running a job (a
+            # train() called again after Ctrl-C failed with the first call's "Job N
+            # cancelled"). The next push builds its frame afresh.
+            self._push_frame = None
+            raise
 
     def shapes(self, df: Any, schema: pa.Schema) -> ShapeScan:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so

@@ -124,10 +124,9 @@ def plain_ctrl_c(spark: Any) -> Iterator[None]:
 
     PySpark's own SIGINT handler calls ``SparkContext.cancelAllJobs()`` inside the signal,
     that is in the middle of whatever py4j call the main thread is waiting in: that nested
-    call fails ("reentrant call"), prints tracebacks, and the command it left on the
-    connection can run later and cancel the *next* call's job ("cancelled as part of
-    cancellation of all jobs": a train() called again after Ctrl-C failed, 2 times in 17).
-    Cancelling here, once the interrupted call has unwound, does what that handler meant."""
+    call fails ("reentrant call") and py4j prints its tracebacks. Cancelling here, once the
+    interrupted call has unwound, does what that handler meant. (Our own waits cancel their
+    jobs too: ``SparkJob.cancel``.)"""
     handler = None
     if threading.current_thread() is threading.main_thread():
         current = signal.getsignal(signal.SIGINT)

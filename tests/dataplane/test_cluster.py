@@ -16,7 +16,7 @@ import pytest
 import dataplane
 from dataplane.topology import assign_roles
 from tests.dataplane.clusterutil import node_processes, node_workdirs, wait_gone, wait_json
-from tests.dataplane.mains import busy_main, describe_main, passes_main, spawn_main, temp_main
+from tests.dataplane.mains import busy_main, describe_main, slow_reader_main, spawn_main, temp_main
 
 pytestmark = pytest.mark.cluster
 
@@ -181,37 +181,44 @@ def test_a_second_ctrl_c_while_a_with_block_stops_its_nodes_lets_the_stop_finish
         signal.signal(signal.SIGINT, before)
 
 
-def test_ctrl_c_during_train_is_a_plain_keyboard_interrupt(spark):
-    """PySpark's SIGINT handler calls cancelAllJobs() inside the signal, in the middle of the
-    py4j call the main thread waits in: the nested call fails with tracebacks, and the
-    command it leaves on the connection can run later and cancel the next train()'s job (a
-    sweep: 2 of 17 retries after Ctrl-C failed "cancelled as part of cancellation of all
-    jobs"). During train the handler is Python's own; the call cancels what it started, and
-    PySpark's handler is back afterwards."""
+def test_a_train_call_after_ctrl_c_in_a_push_job_runs_whole(spark, tmp_path):
+    """Ctrl-C while a push job runs cancels it, and the next train() on the same DataFrame
+    pushes again. Spark's adaptive execution keeps the cancelled run in the reused push
+    frame's plan, whose collect() then raised the first call's "Job N cancelled" at once (a
+    sweep: 2 of 17 retries failed so; a frame with a shuffle under a cache, as here). Also:
+    during train, Ctrl-C is Python's plain KeyboardInterrupt (PySpark's handler calls into
+    the JVM from inside the signal, mid-call, printing py4j tracebacks), and PySpark's handler
+    is back afterwards."""
     pyspark_handler = signal.getsignal(signal.SIGINT)
     assert getattr(pyspark_handler, "__module__", "").startswith("pyspark")  # (the session's)
     during = []
-    cluster = dataplane.run(spark, passes_main, {}, num_nodes=1)
+    # a slow reader and a 64 KiB buffer (~500 of these rows): the push jobs wait for it
+    cluster = dataplane.run(spark, slow_reader_main, {"dir": str(tmp_path)}, num_nodes=1, buffer_bytes=1 << 16)
     pids = [n.pid for n in cluster.nodes]
+    df = spark.range(0, 1000, 1, 2).selectExpr("id", "array_repeat(CAST(id AS DOUBLE), 16) AS x")
+    df = df.repartition(3).cache()
     try:
-        df = spark.range(0, 2000, 1, 2)
-        report = cluster.train(df, 2, progress=lambda p: during.append(signal.getsignal(signal.SIGINT)))
-        assert report.rows == 4000 and during and all(h is signal.default_int_handler for h in during)
+        report = cluster.train(df, 1, progress=lambda p: during.append(signal.getsignal(signal.SIGINT)))
+        assert report.rows == 1000 and during and all(h is signal.default_int_handler for h in during)
         assert signal.getsignal(signal.SIGINT) is pyspark_handler
 
-        def ctrl_c() -> None:
-            time.sleep(0.5)
+        def ctrl_c_in_a_push_job() -> None:
+            tracker = spark.sparkContext.statusTracker()
+            deadline = time.monotonic() + 60
+            while not tracker.getActiveJobsIds() and time.monotonic() < deadline:
+                time.sleep(0.02)
             _thread.interrupt_main()  # as a SIGINT would, through the handler in place
 
-        threading.Thread(target=ctrl_c, daemon=True).start()
+        threading.Thread(target=ctrl_c_in_a_push_job, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             cluster.train(df, 50, feed_timeout=60)
         assert signal.getsignal(signal.SIGINT) is pyspark_handler
-        report = cluster.train(df, 2, feed_timeout=60)  # and the next call runs whole
-        assert report.rows == 4000 and report.spark_jobs == 2, report
+        report = cluster.train(df, 2, feed_timeout=60)
+        assert report.rows == 2000 and report.spark_jobs == 2, report
     finally:
         cluster.shutdown(timeout=30)
         wait_gone(pids, 30)
+        df.unpersist()
 
 
 def test_a_cluster_dropped_without_shutdown_stops_its_nodes(spark, caplog):
