@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -141,6 +143,11 @@ def _spark(master: str | None, verbose: int = 0) -> Any:
             "spark.driver.bindAddress", local_ip
         )
     spark = builder.getOrCreate()
+    if threading.current_thread() is threading.main_thread():
+        # PySpark's SIGINT handler calls into the JVM from inside the signal, in the middle of
+        # the py4j call this thread waits in: it fails, with tracebacks. The CLI owns its
+        # process: Ctrl-C ends it, and the JVM's jobs with it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Not ERROR: a failed task's traceback is an ERROR line, and the one-line message says it.
     spark.sparkContext.setLogLevel(spark_log_level(verbose))
     return spark
@@ -285,19 +292,16 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(storage_error(exc, "reach", f"{args.src} or {args.dst}")),
                      verbose=getattr(args, "verbose", 0))
 
-    from dataplane.driver.sparkjobs import plain_ctrl_c
-
     started = time.perf_counter()
     spark = _spark(args.master, getattr(args, "verbose", 0))
     try:
-        with plain_ctrl_c(spark):  # (PySpark's handler printed py4j tracebacks)
-            if args.to == "parquet":  # Spark's own Parquet writer (and reader, for a Parquet SRC)
-                jvm_urls = [args.src, args.dst] if source_format == "parquet" else [args.dst]
-                problem = _jvm_cannot_reach(spark, jvm_urls)
-                if problem:
-                    _remove_output(dst, dst_created)
-                    return _fail(problem)
-            return _export(spark, args, src, dst, dst_created, source_format, compression, started)
+        if args.to == "parquet":  # Spark's own Parquet writer (and reader, for a Parquet SRC)
+            jvm_urls = [args.src, args.dst] if source_format == "parquet" else [args.dst]
+            problem = _jvm_cannot_reach(spark, jvm_urls)
+            if problem:
+                _remove_output(dst, dst_created)
+                return _fail(problem)
+        return _export(spark, args, src, dst, dst_created, source_format, compression, started)
     except KeyboardInterrupt:
         _remove_output(dst, dst_created)
         raise

@@ -50,12 +50,12 @@ def _parser(only: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def _not_py4j_interrupted(record: logging.LogRecord) -> bool:
-    """Drop py4j's own reports of a call cut by Ctrl-C (and of the connection it then
-    closes), which it logs with tracebacks, some on the root logger."""
-    exc = record.exc_info[1] if record.exc_info else None
-    cut = isinstance(exc, KeyboardInterrupt) or isinstance(getattr(exc, "__context__", None), KeyboardInterrupt)
-    return not (cut and (record.name.startswith("py4j") or "while sending command" in record.getMessage()))
+def _not_py4j_noise(record: logging.LogRecord) -> bool:
+    """Drop py4j's own reports of a call it lost (Ctrl-C in a call, PySpark's SIGINT handler
+    calling into the JVM from inside one, a connection then closed), which it logs with
+    tracebacks, some on the root logger; the command's one-line error or "interrupted"
+    says what happened (-v keeps them)."""
+    return not (record.name.startswith("py4j") or record.getMessage().endswith("while sending command."))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,9 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # Ctrl-C in a py4j call: py4j logs its traceback; "interrupted" says it
+    if not args.verbose:  # py4j logs tracebacks of the calls it loses (Ctrl-C): we say it in a line
         for handler in logging.getLogger().handlers:
-            handler.addFilter(_not_py4j_interrupted)
+            if _not_py4j_noise not in handler.filters:
+                handler.addFilter(_not_py4j_noise)
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
