@@ -289,8 +289,9 @@ def plot(doc: Any, png: str | Path) -> Path:
     for ax in axes[0][len(scenarios):]:
         ax.set_visible(False)
     axes[0][0].set_ylabel("rows/s (median)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    axes[0][-1].legend(handles, list(colors), loc="upper right", fontsize=7)
+    kinds = [k for k in colors if any(r.get("kind") == k and r.get("ok") for sc in scenarios for r in sc["results"])]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in kinds]
+    axes[0][-1].legend(handles, kinds, loc="upper right", fontsize=7)  # (the kinds that ran)
     stacks = []
     for sc in scenarios:
         st = sc.get("stack") or {}

@@ -254,6 +254,13 @@ def _locate(spec: DataSpec) -> tuple[Any, list[str], str]:
         raise DataError(f"--data {spec.url}: {one_line(exc)}") from exc
     if not files:
         raise DataError(f"--data {spec.url}: no data files there")
+    try:
+        empty = loc.filesystem.get_file_info(files[0]).size == 0
+    except OSError:
+        empty = False
+    if empty:  # (sniffed, it read as "not Parquet", with advice to use another scenario)
+        raise DataError(f"--data {spec.url}: {loc.display(files[0])} is empty (0 bytes); remove "
+                        f"it or write it again")
     return loc, files, "parquet" if _sniff_parquet(loc, files[0]) else "tfrecord"
 
 

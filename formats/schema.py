@@ -720,7 +720,8 @@ def _column_to_numpy(name: str, arr: pa.Array, spec: ColumnSpec) -> np.ndarray |
         if cur.null_count:
             if spec.fill is None:
                 raise SchemaError(
-                    f"column {name!r} has {cur.null_count} null list(s); TensorFlow cannot hold "
+                    f"column {name!r} has null lists ({cur.null_count} in the batch being "
+                    f"converted, not counting later ones); TensorFlow cannot hold "
                     f"a null list. Give a fill value (fill_values={{{name!r}: {fill_example(cur.type)}}}: a null list "
                     f"becomes an empty one if the column is ragged, or, if it is dense, one of its "
                     f"shape holding the value) or "

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated non-ours paths to run (default: all), "
                              "e.g. tfos,spark-mapinarrow")
     parser.add_argument("--plot", metavar="PNG", default=None,
-                        help="render a bar chart (rows/s per path, log scale) from the JSON")
+                        help="render a bar chart (rows/s per path on a linear axis from zero, so "
+                             "heights compare as the ratios do) from the JSON")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: small data, one repetition, no optional extras")
     parser.add_argument("--reps", type=int, default=None,

@@ -567,7 +567,7 @@ class Feeder:
             self._each(nodes, Action.RELEASE_EPOCHS, lambda n: {
                 "withdraw": sorted(held[n.node_id] & gone), "keep": sorted(held[n.node_id] - gone)})
         except BaseException as e:  # noqa: BLE001 - the original error is what the user needs
-            logger.warning("could not take back the unbegun epochs of a failed push: %s", e)
+            logger.warning("could not take back the unbegun epochs of a failed push: %s", repr(e))
             for ep in books:
                 ep.withdrawn = False
             try:  # a held epoch blocks every pass over its split: let them all be read again

@@ -250,10 +250,11 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "case",
     ["missing", "bad-url", "column", "label", "shape", "shape-syntax", "parquet-as-tfrecord",
-     "tfrecord-as-parquet", "synthetic-option", "not-a-data-scenario", "unknown-peer"],
+     "tfrecord-as-parquet", "empty-file", "synthetic-option", "not-a-data-scenario", "unknown-peer"],
 )
 def test_errors_are_one_line(case, files, tmp_path, capsys):
     pq, tfr = str(files / "parquet"), str(files / "tfrecord")
+    (tmp_path / "empty.parquet").touch()  # (was "is not Parquet; use pull-tfrecord")
     args, expect = {
         "missing": (["pull-parquet", "--data", str(tmp_path / "nope")], "nope"),
         "bad-url": (["pull-parquet", "--data", "ftp://host/x"], "ftp"),
@@ -263,6 +264,8 @@ def test_errors_are_one_line(case, files, tmp_path, capsys):
         "shape-syntax": (["pull-parquet", "--data", pq, "--shapes", "image:784"], "COLUMN=DIMS"),
         "parquet-as-tfrecord": (["pull-tfrecord", "--data", pq], "is Parquet"),
         "tfrecord-as-parquet": (["pull-parquet", "--data", tfr], "is not Parquet"),
+        "empty-file": (["pull-parquet", "--data", str(tmp_path / "empty.parquet")],
+                       "empty.parquet is empty (0 bytes); remove it or write it again"),
         "synthetic-option": (["push", "--data", pq, "--rows", "10"], "--rows"),
         "not-a-data-scenario": (["export", "--data", pq], "--data works with"),
         "unknown-peer": (["pull-parquet", "--data", pq, "--peers", "petastrom"],
