@@ -770,7 +770,8 @@ class Feeder:
                 err = self._failure()
                 if err is not None:
                     raise err
-                if clock.expired() and ep.carry:
+                expired = clock.expired()  # (asked once: it looks at the nodes' metrics)
+                if expired and ep.carry:
                     raise FeedError(
                         f"the stream's micro-batch (epoch {ep.epoch}) was pushed, but node(s) "
                         f"{_not_reading(states)} stopped reading it: nothing moved for "
@@ -780,7 +781,7 @@ class Feeder:
                         f"more, or raise feed_stream(feed_timeout=...) if a node may rightly "
                         f"read nothing for longer."
                     )
-                if clock.expired():
+                if expired:
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
                         f"{_not_reading(states)} stopped reading it: nothing moved for "
