@@ -44,11 +44,16 @@ class FeedClock:
         self._step = min(max(timeout / 10, 0.05), 5.0)
         self._last_move = time.monotonic()
         self._next_look = self._last_move + self._step
+        self._verdict = False
 
     def expired(self) -> bool:
+        """Whether nothing moved for ``timeout``, as of the last look at the nodes; a look is
+        taken when one is due. Between looks the last answer stands, so asking twice in one
+        round answers alike (a False between looks made a second question in a round never
+        true, and a node that stopped reading then never failed the call)."""
         now = time.monotonic()
         if now < self._next_look:
-            return False
+            return self._verdict
         self._next_look = now + self._step
         try:
             seen = self._moved()
@@ -56,8 +61,8 @@ class FeedClock:
             seen = self._seen
         if seen != self._seen:
             self._seen, self._last_move = seen, now
-            return False
-        return now - self._last_move >= self.timeout
+        self._verdict = now - self._last_move >= self.timeout
+        return self._verdict
 
 
 def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
