@@ -76,6 +76,8 @@ class SparkJob:
         self.description = description
         self._fn = fn
         self.future: Future = Future()
+        self._cancelled = False
+        self._chaser: threading.Thread | None = None
         self._thread = threading.Thread(target=self._run, name=self.tag, daemon=True)
         self._thread.start()
 
@@ -88,6 +90,9 @@ class SparkJob:
                 sc.setJobGroup(self.tag, self.description, True)
                 for key, value in self._properties.items():
                     sc.setLocalProperty(key, value)
+            if self._cancelled:
+                raise RuntimeError(f"Spark job {self.tag} ({self.description}) was cancelled "
+                                   f"before it started")
             self.future.set_result(self._fn())
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
             self.future.set_exception(e)
@@ -102,9 +107,26 @@ class SparkJob:
         return self.future.done()
 
     def cancel(self) -> None:
-        """Cancel every Spark job started by ``fn`` (running tasks are interrupted)."""
+        """Cancel every Spark job started by ``fn`` (running tasks are interrupted), including
+        those ``fn`` starts afterwards.
+
+        Spark registers a job only once ``collect()`` has planned it, and cancelling a job
+        group (or an operation tag) reaches only the jobs registered by then: a Ctrl-C that
+        came while the push was being planned left its job to run beside the next call's. So a
+        thread keeps cancelling the jobs that appear in the group until ``fn`` has returned.
+        """
+        self._cancelled = True
         if self.future.done():
             return  # nothing left to cancel (Spark would warn that it found no active job)
+        connect = is_connect(self.spark)
+        cancelled = set() if connect else self._group_jobs()  # (before: none slips between)
+        self._cancel_now()
+        if self._chaser is None:
+            self._chaser = threading.Thread(target=self._chase, args=(cancelled,),
+                                            name=f"{self.tag}-cancel", daemon=True)
+            self._chaser.start()
+
+    def _cancel_now(self) -> None:
         try:
             if is_connect(self.spark):
                 self.spark.interruptTag(self.tag)
@@ -112,6 +134,34 @@ class SparkJob:
                 self.spark.sparkContext.cancelJobGroup(self.tag)
         except Exception as e:  # noqa: BLE001 - best effort; the session may be stopping
             logger.warning("could not cancel Spark job %s: %s", self.tag, e)
+
+    def _chase(self, seen: set[int], limit: float = 600.0) -> None:
+        """Cancel the jobs that ``fn`` starts after :meth:`cancel` (see there), until it
+        returns. Classic sessions: a new job id in the group is cancelled as it appears (a
+        cancel with none running only makes Spark warn). Connect: the tag is interrupted again
+        every half second."""
+        import time
+        from concurrent.futures import wait
+
+        connect = is_connect(self.spark)
+        deadline = time.monotonic() + limit
+        while not self.future.done() and time.monotonic() < deadline:
+            wait([self.future], timeout=0.5 if connect else 0.1)
+            if self.future.done() or spark_stopped(self.spark):
+                return
+            if connect:
+                self._cancel_now()
+                continue
+            jobs = self._group_jobs()
+            if jobs - seen:
+                seen = jobs
+                self._cancel_now()
+
+    def _group_jobs(self) -> set[int]:
+        try:
+            return set(self.spark.sparkContext.statusTracker().getJobIdsForGroup(self.tag))
+        except Exception:  # noqa: BLE001 - the session may be stopping
+            return set()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
