@@ -633,8 +633,11 @@ def _stop_dropped(control: ControlServer, launch_job: SparkJob | None, cluster_i
 def _ctrl_c_held(what: str) -> Iterator[None]:
     """Hold Ctrl-C (SIGINT) while a stop bounded in time runs, then raise KeyboardInterrupt
     if one came: notebook users press it twice, and the second cut the stop short. Only the
-    main thread can take signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    main thread can take signals; elsewhere, or where SIGINT's handler was set outside Python,
+    this does nothing."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):
+        # (None: a handler set outside Python, which signal.signal could not put back)
         yield
         return
     pressed: list[int] = []
