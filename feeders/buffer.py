@@ -200,7 +200,8 @@ class FeedBuffer:
     def _replay_loop(self) -> None:
         """Feed replayed epochs from their caches, one at a time in epoch order, each once
         every earlier epoch has all its rows (so a later epoch never holds the buffer space an
-        earlier one still needs), under the same capacity as pushed rows."""
+        earlier one still needs) and its own limit is known, under the same capacity as pushed
+        rows."""
         while True:
             with self._cond:
                 while True:
@@ -218,7 +219,10 @@ class FeedBuffer:
                             o.closed or (o.limit is not None and not o.feeding)
                             for e, o in self._epochs.items() if e < ep.info.epoch
                         )
-                        if earlier_done and cache.sealed:
+                        # and its limit is known (the driver sets it once every worker's
+                        # cache is sealed): a pass emits a replay's rows only up to it, so
+                        # rows replayed before it came piled up in the pass (and its shuffle)
+                        if earlier_done and cache.sealed and (ep.limit is not None or ep.closed):
                             break
                     self._cond.wait(0.2)
             try:
@@ -854,7 +858,8 @@ class FeedBuffer:
             return self._epochs[epoch].info
 
     def take(self, epoch: int, num_workers: int = 1) -> tuple[list[pa.RecordBatch], int, int | None]:
-        """Block until there is data or news for ``epoch``; take every queued batch.
+        """Block until there is data or news for ``epoch``; take every queued batch, and of
+        the rows parked for it (see :class:`ParkedRows`) up to a buffer's worth.
 
         Returns:
             (batches, safe, limit). ``safe`` is how many rows of the epoch this node may yield
@@ -862,7 +867,7 @@ class FeedBuffer:
             least ``seen // num_workers`` rows of a partition whose task had split ``seen`` rows
             (see :mod:`feeders.protocol`); for a partition whose task sent no such count, all
             but one of the rows accepted. ``limit`` is the final, equalised row count, set by
-            the driver once the epoch's job has finished.
+            the driver once the epoch's job has finished (None while parked rows are left).
         """
         with self._cond:
             ep = self._epochs[epoch]
@@ -886,7 +891,9 @@ class FeedBuffer:
                 self._starving.pop(epoch, None)
             out = list(ep.queue)
             if ep.parked is not None and ep.parked.rows:
-                out += ep.parked.pop()  # parked after everything queued: order is kept
+                # parked after everything queued (order is kept), a buffer's worth a take:
+                # a pile set aside while another pass starved may be many times that
+                out += ep.parked.pop(self.capacity)
             self.metrics["rows_taken"] += sum(b.num_rows for b in out)
             ep.last_move = time.monotonic()
             ep.queue.clear()
@@ -902,7 +909,8 @@ class FeedBuffer:
                     seen = ep.seen.get(p)
                     safe += seen // num_workers if seen is not None else max(n - 1, 0)
             self._cond.notify_all()
-            return out, min(safe, ep.rows_in), (None if ep.feeding else ep.limit)
+            more = ep.feeding or (ep.parked is not None and ep.parked.rows)  # (popped in parts)
+            return out, min(safe, ep.rows_in), (None if more else ep.limit)
 
     def take_carry(self, epoch: int) -> list[pa.RecordBatch]:
         """The rows a pass over ``epoch`` begins with: those the complete pass over its

@@ -84,15 +84,18 @@ class ParkedRows:
     """Rows of one epoch set aside, in arrival order, while the buffer is full and another
     epoch's pass starves (see ``FeedBuffer.put_stream``): pushed rows go to Arrow IPC files in
     the node's cache directory, replayed rows (already held by their cache) are kept as they
-    are. :meth:`pop` hands them all back and forgets them."""
+    are. :meth:`pop` hands them back from the front, a bounded amount at a time."""
 
     def __init__(self, directory: str, name: str) -> None:
         self.directory = directory
         self.name = name
         self.rows = 0
         self.bytes_on_disk = 0
-        self._items: list[Any] = []  # a RecordBatch, or (file index, batch index) on disk
-        self._files: list[str] = []
+        # (a RecordBatch, or (file index, batch index) on disk; its rows; its bytes)
+        self._items: list[tuple[Any, int, int]] = []
+        self._files: dict[int, str] = {}  # file index -> path, while batches in it are parked
+        self._left: dict[int, int] = {}  # file index -> its batches not yet popped
+        self._made = 0  # files made so far (the next file's index)
         self._writer: Any = None
         self._written = 0
 
@@ -105,41 +108,69 @@ class ParkedRows:
         self._items[:0] = [self._store(b, spill) for b in batches]
         self.rows += sum(b.num_rows for b in batches)
 
-    def _store(self, batch: pa.RecordBatch, spill: bool) -> Any:
-        if spill:
-            if self._writer is None:
-                os.makedirs(self.directory, exist_ok=True)
-                path = os.path.join(self.directory, f"parked-{self.name}-{len(self._files)}.arrow")
-                self._files.append(path)
-                self._writer = pa.ipc.new_file(path, batch.schema)
-                self._written = 0
-            self._writer.write_batch(batch)
-            self._written += 1
-            self.bytes_on_disk += batch.nbytes
-            return (len(self._files) - 1, self._written - 1)
-        return batch
+    def _store(self, batch: pa.RecordBatch, spill: bool) -> tuple[Any, int, int]:
+        if not spill:
+            return batch, batch.num_rows, batch.nbytes
+        if self._writer is None:
+            os.makedirs(self.directory, exist_ok=True)
+            index = self._made
+            self._made += 1
+            self._files[index] = os.path.join(self.directory, f"parked-{self.name}-{index}.arrow")
+            self._left[index] = 0
+            self._writer = pa.ipc.new_file(self._files[index], batch.schema)
+            self._written = 0
+        self._writer.write_batch(batch)
+        self._written += 1
+        index = self._made - 1
+        self._left[index] += 1
+        self.bytes_on_disk += batch.nbytes
+        return (index, self._written - 1), batch.num_rows, batch.nbytes
 
-    def pop(self) -> list[pa.RecordBatch]:
-        """Every parked batch, in order (spilled ones memory-mapped); the files are removed."""
-        if self._writer is not None:
-            self._writer.close()
+    def pop(self, max_bytes: int | None = None) -> list[pa.RecordBatch]:
+        """The parked batches from the front, in order, up to ``max_bytes`` of them (at least
+        one; all when None): a pass that starved while a pile was parked takes it back a
+        buffer's worth at a time, not all at once. Spilled batches are memory-mapped; a file
+        is removed once every batch in it has been popped."""
+        n, total = 0, 0
+        for _, _, nbytes in self._items:
+            if n and max_bytes is not None and total + nbytes > max_bytes:
+                break
+            n, total = n + 1, total + nbytes
+        taken, self._items = self._items[:n], self._items[n:]
+        if self._writer is not None and any(isinstance(it, tuple) and it[0] == self._made - 1
+                                            for it, _, _ in taken):
+            self._writer.close()  # (a file is readable once closed; later rows go to a new one)
             self._writer = None
-        readers = {i: pa.ipc.open_file(pa.memory_map(f, "r")) for i, f in enumerate(self._files)}
-        out = [it if isinstance(it, pa.RecordBatch) else readers[it[0]].get_batch(it[1])
-               for it in self._items]
-        self.clear()
+        readers: dict[int, Any] = {}
+        out = []
+        for it, rows, _ in taken:
+            self.rows -= rows
+            if isinstance(it, pa.RecordBatch):
+                out.append(it)
+                continue
+            index, i = it
+            if index not in readers:
+                readers[index] = pa.ipc.open_file(pa.memory_map(self._files[index], "r"))
+            out.append(readers[index].get_batch(i))
+            self._left[index] -= 1
+            if self._left[index] == 0:  # a memory-mapped batch stays readable after its file goes
+                self._remove(index)
         return out
+
+    def _remove(self, index: int) -> None:
+        path = self._files.pop(index)
+        self._left.pop(index, None)
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
     def clear(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        for f in self._files:  # a memory-mapped batch stays readable after its file goes
-            try:
-                os.remove(f)
-            except OSError:
-                pass
-        self._files = []
+        for index in list(self._files):
+            self._remove(index)
         self._items = []
         self.rows = 0
 

@@ -491,8 +491,18 @@ def test_rows_of_an_epoch_read_later_are_parked_while_another_pass_starves(tmp_p
     buf.end_epoch(1, 300)
     reader.join(10)
     assert got1 == list(range(10_000, 10_300))
-    assert _drain(buf, 0) == list(range(5000))  # queued first, then parked: arrival order
+    # queued first, then parked: arrival order, handed back a buffer's worth a take (the
+    # whole pile in one take, then shuffled, cost a node about twice what it had parked)
+    ids: list[int] = []
+    takes: list[int] = []
+    while len(ids) < 5000:
+        batches, _, _ = buf.take(0)
+        takes.append(sum(b.nbytes for b in batches))
+        ids += [i for b in batches for i in b["id"].to_pylist()]
+    assert ids == list(range(5000))
+    assert max(takes) <= 4096 and len(takes) >= 10, takes
     assert list(tmp_path.iterdir()) == []  # read back and removed
+    assert buf.take(0)[2] == 5000  # and the pass ends at its limit
     # nothing starves now: a full buffer makes producers wait again, nothing is parked
     buf.begin_epoch(EpochInfo(2, SCHEMA))
     before = buf.snapshot()["rows_parked"]
@@ -538,6 +548,28 @@ def test_a_pass_whose_limit_arrived_no_longer_counts_as_starving(tmp_path):
     assert got0 == [] and buf.snapshot()["rows_parked"] == 0
     buf.end_epoch(1, 500)
     assert _drain(buf, 1) == list(range(500)) and list(tmp_path.iterdir()) == []
+
+
+def test_a_replay_waits_for_its_limit_before_it_fills_the_buffer(tmp_path):
+    """A pass yields a replay's rows only up to the epoch's limit, which the driver sets once
+    every worker's cache is sealed. A replay that began before it came (about 100 ms early)
+    handed the pass rows it could not yet yield, and the pass kept taking them: a pile
+    outside the buffer's bound, copied again by a shuffle."""
+    buf = FeedBuffer(4096, cache_dir=str(tmp_path))  # 512 int64 rows
+    buf.begin_epoch(EpochInfo(0, SCHEMA, record="c"))
+    buf.begin_epoch(EpochInfo(1, SCHEMA, replay="c", shuffle=True, seed=3))
+    reader = threading.Thread(target=lambda: got.append(_drain(buf, 0)))
+    got: list[list[int]] = []
+    reader.start()
+    assert buf.put_stream(0, 0, _batches(0, 2000, 100)) == 2000
+    buf.end_epoch(0, 2000)  # seals the cache
+    reader.join(10)
+    assert got == [list(range(2000))]
+    time.sleep(0.5)
+    assert buf.epoch_rows(1) == 0  # no limit yet: nothing replayed
+    buf.end_epoch(1, 2000)
+    ids = _drain(buf, 1)
+    assert sorted(ids) == list(range(2000)) and ids != list(range(2000))
 
 
 IMAGE_SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.list_(pa.float32()))])
