@@ -103,19 +103,29 @@ def _shape_hints(table: Any, specs: Any, columns: list[dict[str, Any]], seen_in:
     the sampled records) has, if one: a Spark ``array<float>`` image reads ragged from Parquet
     (no list lengths there) or from foreign TFRecords unless its shape is declared, and this
     is the declaration to make."""
-    from formats.schema import list_lengths, uniform_shape
+    from formats.schema import fill_example, list_lengths, uniform_shape
 
     by_name = {s.name: s for s in specs}
     for c in columns:
         spec = by_name.get(c["name"])
         if spec is None or not spec.is_ragged or c["name"] not in table.column_names:
             continue
-        shape = uniform_shape(list_lengths(table.column(c["name"]).combine_chunks(), spec))
-        if shape is not None:
-            shape = list(shape)
-            c["dense_in_sample"] = shape
-            c["hint"] = (f"every row of {seen_in} holds {shape}: "
-                         f"shapes={{{c['name']!r}: {shape}}} reads it dense")
+        column = table.column(c["name"]).combine_chunks()
+        shape = uniform_shape(list_lengths(column, spec))
+        if shape is None:
+            continue
+        shape = list(shape)
+        c["dense_in_sample"] = shape
+        shapes = f"shapes={{{c['name']!r}: {shape}}}"
+        if not column.null_count:
+            c["hint"] = f"every row of {seen_in} holds {shape}: {shapes} reads it dense"
+            continue
+        # a dense column with null rows is refused unless they are filled: say both
+        c["null_rows_in_sample"] = int(column.null_count)
+        fill = fill_example(column.type)
+        c["hint"] = (f"every non-null row of {seen_in} holds {shape}, and {column.null_count:,} "
+                     f"row(s) are null: {shapes} with fill_values={{{c['name']!r}: {fill}}} reads "
+                     f"it dense (a null row as shape {shape} filled with {fill})")
 
 
 def _parquet_shape_hints(plan: Any, columns: list[dict[str, Any]]) -> None:
@@ -298,6 +308,10 @@ def _render(info: dict[str, Any]) -> str:
     for c in info["columns"]:
         if c.get("nulls"):
             lines.append(f"  {c['name']}: {_null_note(c)}")
+        elif "nulls" in c and c["nulls"] is None and c.get("null_rows_in_sample"):
+            lines.append(f"  {c['name']}: at least {c['null_rows_in_sample']:,} null row(s) in the "
+                         f"first row group (the footers keep no count for a list column); a null "
+                         f"stops the readers unless fill_values= names the column")
         elif "nulls" in c and c["nulls"] is None:
             lines.append(f"  {c['name']}: null count unknown (the footers keep none for it: files "
                          f"written without statistics, or a list column with empty lists); a null "

@@ -172,6 +172,35 @@ def test_parquet_list_columns_of_one_length_get_the_shapes_to_declare(tmp_path):
         "image: every row of the 10 sampled records holds [6]: shapes={'image': [6]} reads it dense"]
 
 
+def test_a_list_column_of_one_shape_with_null_rows_gets_the_fill_it_needs_to_read_dense(tmp_path):
+    # The hint used to say "every row holds [4]: shapes= reads it dense", and that read
+    # failed on the first null row; the null count read "unknown".
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [None if i % 10 == 3 else [float(i)] * 4 for i in range(100)]
+    pq.write_table(pa.table({"x": pa.array(rows, pa.list_(pa.float32()))}), tmp_path / "n.parquet")
+    out = _inspect(str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    notes = [ln.strip() for ln in out.stdout.splitlines() if ln.strip().startswith("x: ")]
+    assert notes == [
+        "x: every non-null row of the first row group holds [4], and 10 row(s) are null: "
+        "shapes={'x': [4]} with fill_values={'x': 0} reads it dense (a null row as shape [4] "
+        "filled with 0)",
+        "x: at least 10 null row(s) in the first row group (the footers keep no count for a "
+        "list column); a null stops the readers unless fill_values= names the column",
+    ]
+    import feeders
+
+    # what the hint says works, and gives what it says
+    ds = feeders.parquet_dataset(str(tmp_path), batch_size=100, shapes={"x": [4]},
+                                 fill_values={"x": 0})
+    (batch,) = list(ds)
+    x = batch["x"].numpy()
+    assert x.shape == (100, 4) and x[3].tolist() == [0.0] * 4 and x[4].tolist() == [4.0] * 4
+    assert x.sum() == 4 * sum(i for i in range(100) if i % 10 != 3)
+
+
 def test_null_counts_are_shown_with_the_fill_to_pass(tmp_path):
     # inspect showed a nullable column's tf spec with no word of its nulls, which every reader
     # then refused; the footers (and an exported set's _tf_schema.json) count them
