@@ -668,12 +668,13 @@ def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, bat
                 said += [f"{k} =", tf.gather(v, bad)]
         return said
 
-    def check(ok, name, what, first, d):  # type: ignore[no-untyped-def]
+    def check(ok, name, what, first, d, found=None):  # type: ignore[no-untyped-def]
+        """``found(bad)``: what the failing value is, said after the row."""
         bad = tf.cast(tf.argmin(tf.cast(ok, tf.int32)), tf.int64)
         return tf.debugging.Assert(
             tf.reduce_all(ok),
             [f"ctx.dataset(decode=...): column {name}: {what}, at row (of this pass):", first + bad,
-             *which(d, bad)],
+             *which(d, bad), *(found(bad) if found is not None else [])],
             summarize=1,
         )
 
@@ -688,8 +689,11 @@ def decode_columns(ds: Any, decode: Mapping[str, Any], schema: pa.Schema, *, bat
             col = d[name]
             if kind == "raw":
                 want = int(np.prod(shape)) * dtype.size
-                ok = tf.equal(tf.strings.length(col), want)
-                with tf.control_dependencies([check(ok, name, f"a value is not {want} bytes of raw {dtype.name} {shape}", first, d)]):
+                length = tf.strings.length(col)
+                ok = tf.equal(length, want)
+                with tf.control_dependencies([check(
+                        ok, name, f"a value is not {want} bytes of raw {dtype.name} {shape}", first, d,
+                        lambda bad, length=length: ["which has", tf.gather(length, bad), "bytes"])]):
                     flat = tf.io.decode_raw(col, dtype)
                 out[name] = tf.reshape(flat, (-1, *shape))
                 continue

@@ -167,7 +167,7 @@ def test_raw_bytes_of_the_wrong_length_are_named():
 
     blobs = [np.zeros(12, np.float32).tobytes()] * 5 + [b"\x00" * 7]
     ds = _dataset({"t": pa.array(blobs, pa.binary())}, {"t": ("raw", "float32", (3, 4))})
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"column t: a value is not 48 bytes of raw float32 \(3, 4\), at row \(of this pass\):\] \[5\]"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"column t: a value is not 48 bytes of raw float32 \(3, 4\), at row \(of this pass\):\] \[5\] \[which has\] \[7\] \[bytes\]"):
         for _ in ds:
             pass
 
