@@ -160,18 +160,22 @@ def _filter_stderr() -> bool:
 
 
 def _log4j2_file() -> str:
-    """The quiet log4j2 configuration as a file (one per user, rewritten when it differs)."""
+    """The quiet log4j2 configuration as a file of this process's, removed when it exits
+    (Spark's JVM reads it once, at start)."""
+    import atexit
     import tempfile
 
-    path = os.path.join(tempfile.gettempdir(), f"dataplane-log4j2-quiet-{os.getuid() if hasattr(os, 'getuid') else 0}.properties")
+    path = os.path.join(tempfile.gettempdir(), f"dataplane-log4j2-quiet-{os.getpid()}.properties")
+    write_text_atomic(path, LOG4J2_QUIET)
+    atexit.register(_remove_quietly, path)
+    return path
+
+
+def _remove_quietly(path: str) -> None:
     try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == LOG4J2_QUIET:
-                return path
+        os.remove(path)
     except OSError:
         pass
-    write_text_atomic(path, LOG4J2_QUIET)
-    return path
 
 
 def quiet_spark(environ: Any = None, *, filter_stderr: bool = True) -> None:
