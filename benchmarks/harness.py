@@ -324,6 +324,18 @@ def _finish(res: dict[str, Any], path: BenchPath, row_bytes: int) -> None:
     res["mb_per_s"] = res["rows_per_s"] * per_row / 1e6
 
 
+def verdict(within: bool | None, *, quick: bool = False, unsteady: list[str] | None = None) -> str:
+    """What a run says of a target: "meets" or "MISSES" (with the paths whose repetitions were
+    too spread to trust). A ``--quick`` run judges nothing: its one repetition on tiny data is
+    mostly start-up, with no warm-up."""
+    if quick:
+        return "not judged: --quick times start-up, not the data plane"
+    out = "meets" if within else "MISSES"
+    if unsteady:
+        out += f" (unsteady: {', '.join(unsteady)}; not a result)"
+    return out
+
+
 def unsteady_line(res: dict[str, Any]) -> str | None:
     """One line saying a path's repetitions were too spread to trust ratios against its median
     (:data:`UNSTEADY_SPREAD`), or None."""

@@ -40,6 +40,13 @@ def _fmt_rate(x: float) -> str:
     return f"{x:.0f}"
 
 
+def _fmt_mb(x: float) -> str:
+    """MB/s to three significant figures (a slow peer on tiny rows read 0.0 at one decimal)."""
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.3g}" if x else "0"
+
+
 def _ratio_cell(sc: dict[str, Any], res: dict[str, Any]) -> str:
     """For a peer/ceiling row: ours / this path (how many times faster ours is)."""
     if res.get("kind") == "ours":
@@ -97,12 +104,12 @@ def markdown(doc: Any) -> str:
             ok = "yes" if res.get("ok") else f"no: {_cell(res.get('error') or '')}"
             rows = res.get("rows") or sc.get("rows")
             rate = _fmt_rate(res["rows_per_s"]) if res.get("ok") else "-"
-            mbs = f"{res['mb_per_s']:.1f}" if res.get("ok") else "-"
+            mbs = _fmt_mb(res["mb_per_s"]) if res.get("ok") else "-"
             lines.append(
                 f"| {sc['scenario']} | {sc.get('table', '')} | {res['path']} | "
                 f"{res.get('kind', '')} | {rows:,} | {rate} | {mbs} | {_ratio_cell(sc, res)} | {ok} |"
             )
-    notes = _notes(scenarios)
+    notes = _notes(scenarios, quick=bool(isinstance(doc, dict) and doc.get("quick")))
     if notes:
         lines.append("")
         lines.extend(notes)
@@ -114,8 +121,8 @@ def _cell(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
-    from benchmarks.harness import unsteady_line
+def _notes(scenarios: list[dict[str, Any]], *, quick: bool = False) -> list[str]:
+    from benchmarks.harness import unsteady_line, verdict
 
     out = []
     for sc in scenarios:
@@ -125,12 +132,12 @@ def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
                 out.append(f"- {sc['scenario']}/{sc.get('table')}: {line}")
         mem = sc.get("memory")
         if mem:
-            verdict = "meets" if mem.get("within_target") else "MISSES"
+            said = verdict(mem.get("within_target"), quick=quick)
             out.append(
                 f"- {sc['scenario']}/{sc.get('table')}: consumer slowed {mem.get('slow_factor')}x, "
                 f"node buffer peak {mem.get('peak_bytes', 0) / 2**20:.2f} MiB vs limit "
                 f"{mem.get('limit_bytes', 0) / 2**20:.2f} MiB "
-                f"({mem.get('peak_over_limit', 0):.2f}x; target <= 1.10x: {verdict})"
+                f"({mem.get('peak_over_limit', 0):.2f}x; target <= 1.10x: {said})"
             )
         bd = sc.get("breakdown")
         if bd:
@@ -138,18 +145,19 @@ def _notes(scenarios: list[dict[str, Any]]) -> list[str]:
         targets = sc.get("targets")
         fit = sc.get("fit")
         if targets:
-            out.extend(_train_lines(sc, targets))
+            out.extend(_train_lines(sc, targets, quick=quick))
         elif fit:
-            verdict = "meets" if fit.get("within_target") else "MISSES"
+            said = verdict(fit.get("within_target"), quick=quick)
             out.append(
                 f"- {sc['scenario']}/{sc.get('table')}: Keras fit fed by push runs at "
-                f"{fit.get('ratio', 0):.2f}x the in-memory fit (target >= 0.9x: {verdict})"
+                f"{fit.get('ratio', 0):.2f}x the in-memory fit (target >= 0.9x: {said})"
             )
     return out
 
 
-def _train_lines(sc: dict[str, Any], targets: dict[str, Any]) -> list[str]:
+def _train_lines(sc: dict[str, Any], targets: dict[str, Any], *, quick: bool = False) -> list[str]:
     """The train scenario's targets (with verdicts) and the cached node's memory."""
+    from benchmarks.harness import verdict
     where = f"{sc['scenario']}/{sc.get('table')}"
     out = []
     for name, other in (("cache_vs_in_memory", "in-memory"),
@@ -159,12 +167,10 @@ def _train_lines(sc: dict[str, Any], targets: dict[str, Any]) -> list[str]:
             out.append(f"- {where}: flight-push-cache vs {other}: not measured "
                        f"({_cell(t.get('why', ''), 100)})")
         else:
-            verdict = "meets" if t.get("within_target") else "MISSES"
-            if t.get("unsteady"):
-                verdict += f" (unsteady: {', '.join(t['unsteady'])}; not a result)"
+            said = verdict(t.get("within_target"), quick=quick, unsteady=t.get("unsteady"))
             out.append(
                 f"- {where}: Keras fit for {sc.get('epochs')} epochs fed by flight-push-cache runs "
-                f"at {t['ratio']:.2f}x {other} (target >= {t.get('target')}x: {verdict})"
+                f"at {t['ratio']:.2f}x {other} (target >= {t.get('target')}x: {said})"
             )
     b = sc.get("bound")
     if b:

@@ -392,6 +392,8 @@ def bound(epochs: int, cores: int, handoff: tuple[float, float], epoch: tuple[fl
 def extra(env: Any, results: list[dict[str, Any]], *, progress: Callable[[str], None]) -> dict[str, Any]:
     """The targets with verdicts, the bound on the first, the Spark jobs per repetition and
     the cached node's memory."""
+    from benchmarks.harness import verdict
+
     label = f"train/{env.table_name}"
     targets = {
         "cache_vs_in_memory": _target(results, "in-memory", TARGET_RATIO),
@@ -402,11 +404,10 @@ def extra(env: Any, results: list[dict[str, Any]], *, progress: Callable[[str], 
         if t["ratio"] is None:
             progress(f"[{label}] flight-push-cache vs {other}: no ratio ({t['why'][:120]})")
         else:
-            verdict = "meets" if t["within_target"] else "MISSES"
-            if t.get("unsteady"):
-                verdict += f" (unsteady: {', '.join(t['unsteady'])}; not a result)"
+            said = verdict(t["within_target"], quick=getattr(env, "quick", False),
+                           unsteady=t.get("unsteady"))
             progress(f"[{label}] flight-push-cache: {t['ratio']:.2f}x {other} "
-                     f"(target >= {t['target']}x): {verdict}")
+                     f"(target >= {t['target']}x): {said}")
     out: dict[str, Any] = {
         "epochs": epochs_of(env), "batch_size": BATCH_SIZE, "targets": targets,
     }
