@@ -158,3 +158,15 @@ def test_spread_repetitions_are_flagged_and_taint_the_train_verdict():
     # steady on both sides: a plain verdict
     steady = _target([ours, {**mem, "rep_seconds": [3.9, 3.91, 3.93], "spread": 3.93 / 3.9}], "in-memory", 0.9)
     assert "unsteady" not in steady
+
+
+def test_every_bench_path_name_is_in_the_api_doc():
+    # --peers takes these names and the JSON reports them: a user must be able to look each up
+    from pathlib import Path
+
+    from benchmarks import harness, userdata
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    names = set().union(*harness.PATH_NAMES.values(), *userdata.DATA_PATH_NAMES.values())
+    assert len(names) > 20
+    assert sorted(n for n in names if f"`{n}`" not in text) == []
