@@ -102,12 +102,12 @@ def markdown(doc: Any) -> str:
             continue
         for res in sorted(sc.get("results", []), key=lambda r: order.get(r.get("kind"), 3)):
             ok = "yes" if res.get("ok") else f"no: {_cell(res.get('error') or '')}"
-            rows = res.get("rows") or sc.get("rows")
+            rows = f"{res.get('rows') or sc.get('rows'):,}" if res.get("ok") else "-"  # (as the JSON: none)
             rate = _fmt_rate(res["rows_per_s"]) if res.get("ok") else "-"
             mbs = _fmt_mb(res["mb_per_s"]) if res.get("ok") else "-"
             lines.append(
                 f"| {sc['scenario']} | {sc.get('table', '')} | {res['path']} | "
-                f"{res.get('kind', '')} | {rows:,} | {rate} | {mbs} | {_ratio_cell(sc, res)} | {ok} |"
+                f"{res.get('kind', '')} | {rows} | {rate} | {mbs} | {_ratio_cell(sc, res)} | {ok} |"
             )
     notes = _notes(scenarios, quick=bool(isinstance(doc, dict) and doc.get("quick")))
     if notes:

@@ -243,6 +243,8 @@ def test_markdown_table_from_json():
     assert "| push | numeric | tfos | peer | 1,000 | 500 | 0.034 | 4.00x | yes |" in text
     # a peer that could not run keeps its row, with the reason (pipes escaped for markdown)
     assert "| petastorm | peer |" in text and "no: needs the compat stack / x" in text
+    # ... and no rows, as in the JSON (it showed the scenario's rows as if it had read them)
+    assert "| push | numeric | petastorm | peer | - | - | - | - | no: " in text
     assert "target <= 1.10x: meets" in text
     # a bare scenario object and a list render the same rows
     single = report.markdown(_doc()["scenarios"][0])
