@@ -562,16 +562,13 @@ class Cluster:
         ok = self._control.wait_for(lambda st: all(gone(st[i]) for i in ids if i in st), timeout)
         if not ok:
             logger.warning("some nodes did not confirm their exit within %.0f s", timeout)
-        self._reap_local(deadline=time.monotonic() + 10.0)
         for c in self._clients.values():
             try:
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
         self._clients.clear()
-        self._control.shutdown()
-        if self._launch_job is not None and not self._launch_job.done():
-            self._launch_job.cancel()
+        _finish_stop(self._control, self._launch_job)
         self._finalizer.detach()
         return unreachable
 
@@ -583,21 +580,6 @@ class Cluster:
             self._stop_nodes(10.0, now=True)
             self._state = "stopped"
             self._feeder.close()
-
-    def _reap_local(self, deadline: float) -> None:
-        """Make sure node processes on this machine are gone (kill what lingers)."""
-        for nid, st in self._control.snapshot().items():
-            pid = _local_pid(st.registration)
-            if not pid:
-                continue
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                logger.warning("node %d (pid %d) still running after shutdown; killing it", nid, pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
 
     def _abort(self) -> None:
         """Failed start: stop whatever did start, quietly."""
@@ -621,12 +603,35 @@ def _stop_dropped(control: ControlServer, launch_job: SparkJob | None, cluster_i
 
     def stop() -> None:
         control.request_stop()
-        control.wait_for(lambda st: all(s.exited for s in st.values()), 30.0)
-        control.shutdown()
-        if launch_job is not None and not launch_job.done():
-            launch_job.cancel()
+        control.wait_for(lambda st: all(s.exited or _gone_here(s.registration) for s in st.values()), 30.0)
+        _finish_stop(control, launch_job)
 
     threading.Thread(target=stop, name="dataplane-dropped-cluster", daemon=True).start()
+
+
+def _finish_stop(control: ControlServer, launch_job: SparkJob | None) -> None:
+    """The end of every stop, once the nodes were told and waited for: kill what lingers of
+    them on this machine, close the control server, cancel the launch job."""
+    _reap_local(control, deadline=time.monotonic() + 10.0)
+    control.shutdown()
+    if launch_job is not None and not launch_job.done():
+        launch_job.cancel()
+
+
+def _reap_local(control: ControlServer, deadline: float) -> None:
+    """Make sure node processes on this machine are gone (kill what lingers)."""
+    for nid, st in control.snapshot().items():
+        pid = _local_pid(st.registration)
+        if not pid:
+            continue
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            logger.warning("node %d (pid %d) still running after shutdown; killing it", nid, pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 @contextlib.contextmanager
