@@ -303,6 +303,11 @@ class _PassSizes:
         self.first: int | None = None  # batches of the first pass, if it was read to its end
         self.warned = False
 
+    def count(self) -> None:
+        """Count a pass whose length says nothing (one that went on past a cut epoch on
+        purpose, see ``push_dataset``'s ``goes_on``, which said why)."""
+        self.passes += 1
+
     def differs(self, batches: int | None, complete: bool) -> int | None:
         """Count a pass; the first pass's batches if this one differs and nothing was said
         yet, else None."""
@@ -501,7 +506,7 @@ def push_dataset(
         finally:
             buffer.close_stream(stream)
             if continued:  # longer than the first on purpose: said once, in goes_on
-                sizes_seen.passes += 1
+                sizes_seen.count()
             else:
                 check_size(sum(sizes) if sizes else None, complete)
 
