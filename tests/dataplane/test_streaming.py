@@ -217,6 +217,38 @@ def test_held_back_rows_of_other_array_lengths_are_dropped_not_fed(spark, tmp_pa
     assert len(read) == len(set(read)) and len(read) + 1 + query.feed.held_back == 18
 
 
+def test_a_micro_batch_that_fails_leaves_every_node_reading(spark, tmp_path):
+    # A null in micro-batch 1 fails the query. Its tasks had delivered a chunk to one node
+    # and not yet its sibling to the other, so that node's pass had yielded more rows than
+    # the other received; the cut ended the epoch below that, and the node's main died on
+    # "IndexError: Offset must be non-negative" (held-back rows counted past its pending).
+    src, out = tmp_path / "in", tmp_path / "out"
+    out.mkdir()
+
+    def features(k, ids):
+        return {"x": pa.array([None if k == 1 and i == ids[150] else [float(i)] * 4 for i in ids],
+                              pa.list_(pa.float32()))}
+
+    _landed(src, [301, 300], features)
+    stream = (spark.readStream.schema("value long, x array<float>").option("maxFilesPerTrigger", 1)
+              .parquet(str(src)).repartition(3))
+    with dataplane.run(spark, stream_main, {"dir": str(out), "batch_size": 16, "per_node": True},
+                       num_nodes=2) as cluster:
+        query = feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"))
+        with pytest.raises(Exception, match=r"column 'x' has 1 null value"):
+            query.awaitTermination(120)
+        assert query.feed.batches == 1 and query.feed.rows == 301
+        assert {nid: m["main"] for nid, m in cluster.metrics().items()} == {0: "running", 1: "running"}
+        # the cluster goes on with the data fixed, every row accounted for
+        fixed = spark.createDataFrame([(i, [1.0] * 4) for i in range(100)], "value long, x array<float>")
+        report = cluster.train(fixed, 1)
+        assert report.rows == 100
+        assert (report.rows_consumed + sum(report.rows_unconsumed.values())
+                + report.dropped_for_balance == 100), report
+    for node in ("chief0", "worker0"):  # both mains returned (a failed one fails the with)
+        assert wait_json(out / node / "done.json")["epochs"] >= 2
+
+
 def test_a_query_started_again_on_its_checkpoint_pushes_no_micro_batch_twice(spark, tmp_path):
     # stopped while micro-batch 1 is being pushed, Spark has not committed it and the next run
     # on the same checkpoint replays it; this cluster already has it, so it is skipped
