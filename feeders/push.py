@@ -487,9 +487,14 @@ def _conform_answer(col: pa.Array, want: pa.Field, node_id: int, schema_from: st
         ) from None
     big = _first_overflow(col, out)
     if big is not None:
+        depth = list_depth(want.type)  # the wider type at the output's own depth
+        leaf = want.type
+        while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or pa.types.is_fixed_size_list(leaf):
+            leaf = leaf.value_type
+        wider = "pa.float64()" if pa.types.is_floating(leaf) else "pa.int64()"
         raise SchemaError(
             f"inference: node {node_id}'s predict returned output {want.name!r} as {col.type} "
             f"with the value {big!r}, beyond the range of {want.type}, {source}; {fix} "
-            f"(e.g. pa.float64())."
+            f"(e.g. {'pa.list_(' * depth}{wider}{')' * depth})."
         )
     return out

@@ -247,3 +247,23 @@ def test_an_inference_answer_beyond_float32_is_an_error_not_infinity():
     same = _conform_answer(pa.array([float("inf"), float("nan"), 1.5, 3e38]), pa.field("y", pa.float32()), 1)
     assert same.type == pa.float32() and str(same.to_pylist()[:3]) == "[inf, nan, 1.5]"
     assert abs(same.to_pylist()[3] - 3e38) < 1e32
+
+
+@pytest.mark.parametrize("want, fix", [
+    (pa.float32(), "(e.g. pa.float64())"),
+    (pa.list_(pa.float32()), "(e.g. pa.list_(pa.float64()))"),
+    (pa.list_(pa.list_(pa.float32())), "(e.g. pa.list_(pa.list_(pa.float64())))"),
+])
+def test_an_answer_beyond_its_declared_float_range_suggests_the_wider_type_at_its_depth(want, fix):
+    # a list output that overflows float32 was told to declare pa.float64(), a scalar
+    from dataplane.errors import SchemaError
+    from feeders.push import _conform_answer
+
+    value: object = 1e300
+    for _ in range(str(want).count("list")):
+        value = [value]
+    col = pa.array([value], pa.from_numpy_dtype(np.float64) if want == pa.float32() else None)
+    with pytest.raises(SchemaError) as info:
+        _conform_answer(col, pa.field("y", want), 0, "output_schema")
+    assert "with the value 1e+300, beyond the range of" in str(info.value)
+    assert str(info.value).endswith(f"return that type, or declare another in output_schema {fix}.")
