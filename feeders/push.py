@@ -372,9 +372,10 @@ class PartitionInferrer:
             # a node that answered with predict's error (or a misfit answer) needs no guess
             # about dead nodes or lazy DataFrames; one that is gone or stopping does
             answered = isinstance(e, flight.FlightServerError) and Refusal.NODE_STOPPING.value not in str(e)
+            found = _null_row(chunk, self.send_columns, self.passthrough) if answered and begun else ""
             raise FeedError(
                 f"inference of partition {part} on node {node_id} at {loc} failed: "
-                f"{flight_message(e)}" + ("" if answered else f". {_INFER_HINT}")
+                f"{flight_message(e)}" + ("" if answered else f". {_INFER_HINT}") + found
             ) from e
         finally:
             watch.close()
@@ -438,6 +439,18 @@ def _first_overflow(before: pa.Array, after: pa.Array) -> float | None:
     if not pc.any(grew).as_py():
         return None
     return src.filter(grew)[0].as_py()
+
+
+def _null_row(chunk: pa.RecordBatch, send: Sequence[str], passthrough: Sequence[str]) -> str:
+    """For a request a node refused for its nulls (it sees only the model's inputs, and names
+    the row by its place in the request): the first such row's passthrough values, by which
+    the user can find it. Empty when there is no passthrough or no null."""
+    from formats.schema import first_null_row, row_values
+
+    rows = [r for r in (first_null_row(chunk.column(c)) for c in send) if r is not None]
+    if not passthrough or not rows:
+        return ""
+    return f" The first row with a null there has {row_values(chunk, min(rows), passthrough)}."
 
 
 def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id, schema_from) -> pa.RecordBatch:  # type: ignore[no-untyped-def]

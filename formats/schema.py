@@ -637,6 +637,25 @@ def is_list_type(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
+def first_null_row(arr: pa.Array) -> int | None:
+    """The first row of ``arr`` that is null or whose array holds a null (one list level
+    down), or None: the row to name in an error about nulls."""
+    import pyarrow.compute as pc
+
+    if arr.null_count:
+        return int(pc.index(arr.is_null(), True).as_py())
+    if is_list_type(arr.type):
+        flat = arr.flatten()
+        if flat.null_count:
+            return int(pc.list_parent_indices(arr)[pc.index(flat.is_null(), True).as_py()].as_py())
+    return None
+
+
+def row_values(batch: pa.RecordBatch, row: int, columns: Sequence[str]) -> str:
+    """``a=1, b='x'``: ``row``'s values in ``columns``, for an error to name a row by."""
+    return ", ".join(f"{c}={batch.column(c)[row].as_py()!r}" for c in columns)
+
+
 def list_levels(arr: pa.Array) -> list[pa.Array]:
     """The values of each list level below ``arr``, top down: for ``list<list<float>>``, the
     inner lists, then the floats. Only the non-null rows of this slice contribute, so each

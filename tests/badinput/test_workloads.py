@@ -112,17 +112,19 @@ CASES = [
          after=spark_usable),
     Case(PR, "null-in-input-column", _predict("SELECT id, IF(id = 2, NULL, CAST(id AS FLOAT)) AS x FROM range(4)",
                                               input_cols=["x"]),
-         PythonException, ("'x'", "1 null value(s)", "partition", "df.fillna({'x': 0})"), stage="action",
+         PythonException, ("'x'", "1 null value(s)", "partition", "df.fillna({'x': 0})",
+                           "The first row with a null there has id=2."), stage="action",
          within=180, after=spark_usable),
     # fillna does not fill arrays: a null array and a null inside one are told other fixes
     Case(PR, "null-array-in-input-column", _predict("SELECT id, IF(id = 2, NULL, array(1.0f, 2.0f)) AS v FROM range(4)",
                                                     input_cols=["v"]),
-         PythonException, ("'v'", "1 null value(s)", "F.coalesce(F.col('v'), F.array_repeat(F.lit(0.0), 2))", "df.na.drop(subset=['v'])"),
+         PythonException, ("'v'", "1 null value(s)", "F.coalesce(F.col('v'), F.array_repeat(F.lit(0.0), 2))", "df.na.drop(subset=['v'])",
+                           "The first row with a null there has id=2."),
          stage="action", within=180, after=spark_usable),
     Case(PR, "null-inside-an-input-array", _predict("SELECT id, IF(id = 2, array(1.0f, NULL), array(1.0f, 2.0f)) AS v "
                                                     "FROM range(4)", input_cols=["v"]),
          PythonException, ("'v'", "1 null element(s) inside its arrays", "F.transform('v'",
-                           "df.where(~F.exists('v', lambda v: v.isNull()))"),
+                           "df.where(~F.exists('v', lambda v: v.isNull()))", "The first row with a null there has id=2."),
          stage="action", within=180, after=spark_usable),
     # ------------------------------------------------------------------ tune
     Case(TU, "empty-grid", _tune({}), ValueError, ("empty grid", "{'lr': [0.1, 0.01]}"), within=60),

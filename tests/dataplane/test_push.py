@@ -404,9 +404,11 @@ def test_inference_errors_name_the_cause_and_arguments_are_checked_on_the_driver
 
         nulls = small.selectExpr("id", "IF(id = 4, NULL, x) AS x")
         with pytest.raises(Exception) as info:
-            cluster.inference(nulls, output_schema=pa.schema([("y", pa.float64())])).collect()
+            cluster.inference(nulls, "id", output_schema=pa.schema([("y", pa.float64())])).collect()
         text = str(info.value)
         assert "inference: column 'x' has 1 null value(s) in a request of" in text, text
+        # the node sees only the inputs; the task names the row by its passthrough values
+        assert "The first row with a null there has id=4." in text, text
         assert "df.fillna({'x': 0})" in text and "fill_values" not in text, text
     finally:
         cluster.shutdown(timeout=30)
