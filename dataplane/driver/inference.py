@@ -55,6 +55,8 @@ def inference(
         )
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows <= 0:
         raise ValueError(f"max_rows (rows per request to a node) must be a positive int, got {max_rows!r}.")
+    if isinstance(feed_timeout, bool) or not (isinstance(feed_timeout, (int, float)) and feed_timeout > 0):
+        raise ValueError(f"feed_timeout (seconds to wait for each answer) must be > 0, got {feed_timeout!r}.")
     if output_schema is not None and not isinstance(output_schema, pa.Schema):
         raise TypeError(
             f"output_schema must be a pyarrow.Schema, e.g. pa.schema([('y', pa.float64())]), "

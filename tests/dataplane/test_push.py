@@ -373,6 +373,9 @@ def test_inference_errors_name_the_cause_and_arguments_are_checked_on_the_driver
             cluster.inference(df, passthrough=7)
         with pytest.raises(ValueError, match=r"inference\(columns=\[\]\) would send predict no input"):
             cluster.inference(df, columns=[])
+        for bad in (0, -1, None):  # 0 was taken, then failed as "could not answer a probe batch"
+            with pytest.raises(ValueError, match=rf"feed_timeout \(seconds to wait for each answer\) must be > 0, got {bad}"):
+                cluster.inference(df, feed_timeout=bad)
         with pytest.raises(TypeError, match=r"output_schema must be a pyarrow.Schema, e.g. .* got dict"):
             cluster.inference(df, output_schema={"y": "double"})
         small = df.where("id < 10")
