@@ -121,22 +121,25 @@ def iterate_epoch(
                 pending_bytes += b.nbytes
                 received += b.num_rows
             final = limit is not None
+            if final and sizes is not None and not counted:
+                counted = True
+                sizes.append(limit // batch_size + (1 if limit % batch_size and not drop_remainder else 0))
             if final and emitted > limit:  # type: ignore[operator]
                 # A failed train() call cut the epoch at the rows every worker holds, below
                 # what this pass had yielded: a chunk reached this node whose sibling chunk
                 # never reached another (its task failed in between). The pass ends where it
-                # is; its other rows are held back (a stream) or dropped for balance.
+                # is; its other rows are held back (a stream) or dropped for balance. (Its
+                # batch count, above, is the cut's, as on every other worker: they all decide
+                # alike whether the pass goes on with the next epoch.)
                 logger.warning(
                     "epoch %d (%s): a failed push (a train() call, or a stream's micro-batch) "
                     "ended it at %d row(s) per worker, but "
                     "this node's pass had already yielded %d; the workers' passes over it differ "
                     "in length (under MultiWorkerMirroredStrategy their steps may no longer "
-                    "match: start a new cluster if training then stalls).",
+                    "match, and a worker can wait for ever in a collective: if training stalls, "
+                    "stop with cluster.shutdown(drain=False) and start a new cluster).",
                     epoch, info.split, limit, emitted)
                 limit = emitted
-            if final and sizes is not None and not counted:
-                counted = True
-                sizes.append(limit // batch_size + (1 if limit % batch_size and not drop_remainder else 0))
             if final and limit > received:  # type: ignore[operator]
                 raise FeedError(
                     f"epoch {epoch}: the driver set {limit} rows for every worker but this node "
