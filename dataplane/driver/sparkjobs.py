@@ -126,14 +126,19 @@ class SparkJob:
                                             name=f"{self.tag}-cancel", daemon=True)
             self._chaser.start()
 
-    def _cancel_now(self) -> None:
+    def _cancel_now(self, *, quiet: bool = False) -> None:
+        """``quiet``: a failure is logged at debug level (the chase: the user may have stopped
+        the session meanwhile, and py4j's error carries the JVM's whole stack)."""
         try:
             if is_connect(self.spark):
                 self.spark.interruptTag(self.tag)
             else:
                 self.spark.sparkContext.cancelJobGroup(self.tag)
         except Exception as e:  # noqa: BLE001 - best effort; the session may be stopping
-            logger.warning("could not cancel Spark job %s: %s", self.tag, e)
+            if quiet or spark_stopped(self.spark):
+                logger.debug("could not cancel Spark job %s: %s", self.tag, e)
+            else:
+                logger.warning("could not cancel Spark job %s: %s", self.tag, str(e).splitlines()[0] if str(e) else repr(e))
 
     def _chase(self, seen: set[int], limit: float = 600.0) -> None:
         """Cancel the jobs that ``fn`` starts after :meth:`cancel` (see there), until it
@@ -150,12 +155,12 @@ class SparkJob:
             if self.future.done() or spark_stopped(self.spark):
                 return
             if connect:
-                self._cancel_now()
+                self._cancel_now(quiet=True)
                 continue
             jobs = self._group_jobs()
             if jobs - seen:
                 seen = jobs
-                self._cancel_now()
+                self._cancel_now(quiet=True)
 
     def _group_jobs(self) -> set[int]:
         try:
