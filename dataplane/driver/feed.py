@@ -876,8 +876,10 @@ class Feeder:
                     msg += (
                         " Their main read fewer passes than train(num_epochs=...) pushed: "
                         "a fit that EarlyStopping ended, fit(epochs=) below num_epochs, a "
-                        "Keras fit that ran out of data on a pass shorter than its first, or "
-                        "a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
+                        "Keras fit that ran out of data on a pass shorter than its first, "
+                        "fit(steps_per_epoch=...) on a dataset without repeat=True (Keras "
+                        "then reads one pass for all its epochs: use ctx.dataset(repeat=True)), "
+                        "or a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
                         + ("" if cached else " To push once and train many epochs, use "
                            "train(..., cache=True).")
                     )

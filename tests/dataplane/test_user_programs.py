@@ -789,6 +789,8 @@ def test_early_stopping_with_validation_then_main_returning_is_told_so(spark, tm
         assert set(notes) == {f"epoch {x}" for x in e[4::2]} | {f"epoch {x} (validation)" for x in e[5::2]}, report.messages
         for x in e[4::2]:
             assert "read fewer passes than train(num_epochs=...) pushed: a fit that EarlyStopping ended" in notes[f"epoch {x}"]
+            # (a sweep's fit(steps_per_epoch=) without repeat=True was told only the other causes)
+            assert "fit(steps_per_epoch=...) on a dataset without repeat=True" in notes[f"epoch {x}"]
         for x in e[5::2]:
             assert notes[f"epoch {x} (validation)"].endswith(
                 "Their main had read earlier validation epochs: its fit ended before "
