@@ -529,7 +529,9 @@ class Cluster:
                         f"whose workers hold different batch counts (pull shards of different "
                         f"sizes) waits once one worker runs out: iterate "
                         f"strategy.experimental_distribute_dataset(ds), or Keras fit, which "
-                        f"cope with that."
+                        f"cope with that. A train() call that failed mid-epoch can leave the "
+                        f"workers' passes of different lengths too (the nodes' logs then say "
+                        f"so); shutdown(drain=False) stops them now."
                     )
                 logger.warning(
                     "shutdown: waiting for node(s) %s, whose main is still running (training in "
