@@ -445,12 +445,12 @@ def _null_row(chunk: pa.RecordBatch, send: Sequence[str], passthrough: Sequence[
     """For a request a node refused for its nulls (it sees only the model's inputs, and names
     the row by its place in the request): the first such row's passthrough values, by which
     the user can find it. Empty when there is no passthrough or no null."""
-    from formats.schema import first_null_row, row_values
+    from formats.schema import first_null_row, null_row_note
 
     rows = [r for r in (first_null_row(chunk.column(c)) for c in send) if r is not None]
     if not passthrough or not rows:
         return ""
-    return f" The first row with a null there has {row_values(chunk, min(rows), passthrough)}."
+    return null_row_note(chunk, min(rows), passthrough)
 
 
 def _assemble(chunk, reply, passthrough, out_names, out_schema, node_id, schema_from) -> pa.RecordBatch:  # type: ignore[no-untyped-def]
@@ -482,7 +482,7 @@ def _conform_answer(col: pa.Array, want: pa.Field, node_id: int, schema_from: st
     declared (predict returned ``[rows, 2, 3]`` for a declared ``list<float>``) flattened to
     the declared depth, row by row. A float that the cast would turn into infinity is an
     error, as integer overflow is."""
-    from formats.schema import list_depth, list_offsets
+    from formats.schema import is_list_type, list_depth, list_offsets
 
     while list_depth(col.type) > max(list_depth(want.type), 1):
         inner = col.values  # whole child arrays: offsets index them unrebased
@@ -502,7 +502,7 @@ def _conform_answer(col: pa.Array, want: pa.Field, node_id: int, schema_from: st
     if big is not None:
         depth = list_depth(want.type)  # the wider type at the output's own depth
         leaf = want.type
-        while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or pa.types.is_fixed_size_list(leaf):
+        while is_list_type(leaf):
             leaf = leaf.value_type
         wider = "pa.float64()" if pa.types.is_floating(leaf) else "pa.int64()"
         raise SchemaError(

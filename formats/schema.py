@@ -651,9 +651,11 @@ def first_null_row(arr: pa.Array) -> int | None:
     return None
 
 
-def row_values(batch: pa.RecordBatch, row: int, columns: Sequence[str]) -> str:
-    """``a=1, b='x'``: ``row``'s values in ``columns``, for an error to name a row by."""
-    return ", ".join(f"{c}={batch.column(c)[row].as_py()!r}" for c in columns)
+def null_row_note(batch: pa.RecordBatch, row: int, columns: Sequence[str]) -> str:
+    """" The first row with a null there has a=1, b='x'.": the sentence a null error adds to
+    name ``row`` by its values in ``columns`` (an id), for the user to find it."""
+    values = ", ".join(f"{c}={batch.column(c)[row].as_py()!r}" for c in columns)
+    return f" The first row with a null there has {values}."
 
 
 def list_levels(arr: pa.Array) -> list[pa.Array]:

@@ -364,14 +364,13 @@ def _check_equal_lengths(batch: pa.RecordBatch, cols: Sequence[str],
         err = model_input_nulls(c, arr, where, "predict")
         if err is not None:
             # the row by its other scalar columns' values (an id), as the decode errors do
-            from formats.schema import first_null_row, row_values
+            from formats.schema import first_null_row, null_row_note
 
             others = [n for n, f in zip(batch.schema.names, batch.schema)
                       if n not in cols and not pa.types.is_nested(f.type)][:3]
             row = first_null_row(arr)
             if others and row is not None:
-                err.args = (f"{err.args[0]} The first row with a null there has "
-                            f"{row_values(batch, row, others)}.",)
+                err.args = (err.args[0] + null_row_note(batch, row, others),)
             raise err
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or len(arr) < 2:
             continue
