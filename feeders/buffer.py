@@ -148,6 +148,9 @@ class FeedBuffer:
             "rows_duplicate": 0,
             "rows_out": 0,
             "rows_taken": 0,  # rows the consumer took from the buffer, pushed or replayed (progress)
+            # rows handed to TensorFlow so far, counted as each generator item goes (progress:
+            # a pass takes up to a buffer's worth at once, minutes of training on a slow model)
+            "rows_yielded": 0,
             "rows_left": 0,  # received but not handed over: passes left early
             "buffer_bytes": 0,
             "buffer_peak_bytes": 0,
@@ -972,6 +975,7 @@ class FeedBuffer:
                 return False
             ep.emitted += rows
             ep.last_move = time.monotonic()
+            self.metrics["rows_yielded"] += rows
             return True
 
     def _finish(self, ep: NodeEpoch, rows_out: int, *, complete: bool, failure: str | None) -> None:

@@ -28,8 +28,8 @@ TASKS_PER_SLOT = 4
 class FeedClock:
     """``feed_timeout`` as a limit on standing still, not on the call's length.
 
-    ``expired()`` is true once no row has moved into or out of any worker's buffer for
-    ``timeout`` seconds, so a training run of hours that keeps reading never hits it, while a
+    ``expired()`` is true once no row has moved into or out of any worker's buffer, nor on to
+    TensorFlow, for ``timeout`` seconds, so a training run of hours that keeps reading never hits it, while a
     node that stops reading (or a job that stops sending) fails the call after ``timeout``
     (and at most a tenth of it, or 5 s, more). ``moved()`` is asked that often: a round of
     node metrics every few seconds. (Asked only once the time was up, rows that moved early

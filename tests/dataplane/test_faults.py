@@ -640,6 +640,27 @@ def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tm
         cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
 
 
+def test_a_slow_model_training_on_one_big_take_is_not_standing_still(spark, tmp_path):
+    # The default 64 MiB buffer: a pass takes every row that has arrived at once (here a
+    # partition of 6,000 rows, 375 batches, 7.5 s of training at 0.02 s a batch) and then
+    # trains on them with nothing taken in or out of the buffer. That used to count as
+    # standing still: feed_timeout=3 failed the call after 3 s ("node 0 read 6,000 of
+    # 12,000 rows"), as it failed a user's MWMS fit of 200,000 narrow rows at 27 ms a step
+    # under feed_timeout=60. Rows handed on to TensorFlow (a generator item of up to 64
+    # batches, 1.3 s here) are progress too.
+    cluster = dataplane.run(spark, steady_main, {"dir": str(tmp_path), "delay": 0.02}, num_nodes=1)
+    try:
+        def dense(rows):  # type: ignore[no-untyped-def]  # (a ragged column makes 1-batch items)
+            return spark.range(0, rows, 1, 2).selectExpr("id", "CAST(id AS DOUBLE) AS x")
+
+        assert cluster.train(dense(100), num_epochs=1, feed_timeout=60).rows == 100
+        report = cluster.train(dense(12000), num_epochs=1, feed_timeout=3)
+        assert report.rows == 12000 and report.seconds > 12 and report.rows_unconsumed == {}, report
+        assert wait_json(tmp_path / "steady0-pass1.json") == {"rows": 12000}
+    finally:
+        cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
+
+
 def test_feed_timeout_counts_from_the_last_row_that_moved():
     # rows move early in the first window (the push fills the buffer), then a node stalls:
     # the clock used to look only when a window ended, see that rows had moved, and start a
