@@ -151,6 +151,9 @@ class FeedBuffer:
             # rows handed to TensorFlow so far, counted as each generator item goes (progress:
             # a pass takes up to a buffer's worth at once, minutes of training on a slow model)
             "rows_yielded": 0,
+            # the last pass that had yielded more than a failed push's cut left every worker
+            # ({epoch, split, cut, yielded}, rows): under MWMS the workers' steps may differ
+            "overran_cut": None,
             "rows_left": 0,  # received but not handed over: passes left early
             "buffer_bytes": 0,
             "buffer_peak_bytes": 0,
@@ -656,6 +659,10 @@ class FeedBuffer:
                 raise FeedError(f"end_epoch for epoch {epoch}, which this node never began")
             ep.limit = int(limit)
             ep.cut = cut
+            if cut and ep.emitted > ep.limit:
+                # (said here too: a pass whose main waits in a collective never takes again)
+                self.metrics["overran_cut"] = {"epoch": epoch, "split": ep.info.split, "cut": ep.limit,
+                                               "yielded": ep.emitted}
             if not ep.feeding:  # its pass has all it needs now: no producer may park for it
                 self._starving.pop(epoch, None)
             if ep.cache is not None and ep.info.record is not None and not ep.cache.sealed:
@@ -954,6 +961,14 @@ class FeedBuffer:
                 self.metrics["rows_out"] += rows_out
                 self.metrics["epochs_consumed"] += 1
             self._cond.notify_all()
+
+    def note_overrun(self, epoch: int, split: str, cut: int, yielded: int) -> None:
+        """A pass over ``epoch`` had yielded ``yielded`` rows when a failed push cut the epoch
+        at ``cut`` per worker (see :func:`feeders.source.iterate_epoch`): told to the driver in
+        the metrics, whose drain ``shutdown`` then will not wait for ever on a worker that a
+        collective may hold."""
+        with self._cond:
+            self.metrics["overran_cut"] = {"epoch": epoch, "split": split, "cut": cut, "yielded": yielded}
 
     def emit(self, epoch: int, rows: int) -> bool:
         """Count ``rows`` of ``epoch`` as handed to TensorFlow, unless its pass has ended (then

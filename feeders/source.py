@@ -136,9 +136,10 @@ def iterate_epoch(
                     "ended it at %d row(s) per worker, but "
                     "this node's pass had already yielded %d; the workers' passes over it differ "
                     "in length (under MultiWorkerMirroredStrategy their steps may no longer "
-                    "match, and a worker can wait for ever in a collective: if training stalls, "
-                    "stop with cluster.shutdown(drain=False) and start a new cluster).",
+                    "match, and a worker can wait for ever in a collective: cluster.shutdown() "
+                    "then stops it once its timeout runs out).",
                     epoch, info.split, limit, emitted)
+                buffer.note_overrun(epoch, info.split, limit, emitted)  # type: ignore[arg-type]
                 limit = emitted
             if final and limit > received:  # type: ignore[operator]
                 raise FeedError(

@@ -256,6 +256,13 @@ class Cluster:
         still runs after ``stop_grace`` seconds is ended with its process; a parameter
         server's (its ``server.join()`` never returns) after one second.
 
+        Under MultiWorkerMirroredStrategy two busy mains cannot finish and are not waited for:
+        one inside ``ctx.save_model`` beside a worker whose main returned without that save
+        (a collective it can never join) is stopped at once; and once a failed ``train`` call
+        left the workers' passes of different lengths (a node says so), busy mains are stopped
+        when ``timeout`` runs out, since one may wait in a collective for steps the others
+        never take. Either raises :class:`NodeError` saying so.
+
         ``drain=False`` skips the first step: the nodes are told to stop at once, and a main
         still running gets one second instead of ``stop_grace``. Leaving a
         ``with dataplane.run(...)`` block on an exception (Ctrl-C included) does that, since
@@ -276,9 +283,10 @@ class Cluster:
             self._state = "stopping"
         failure = self._node_failure()
         deadline = time.monotonic() + timeout
+        stuck: NodeError | None = None  # a main the drain stopped because it cannot finish
         if failure is None and drain:
             try:
-                self._drain(deadline, stop_busy=_stop_busy)
+                stuck = self._drain(deadline, timeout=timeout, stop_busy=_stop_busy)
             except BaseException:  # Ctrl-C while waiting for busy mains: stop them now
                 self._stop_now()
                 raise
@@ -298,6 +306,12 @@ class Cluster:
             self._feeder.close()
         if failure is None:
             failure = self._node_failure(include_lost=False)
+            if stuck is not None:
+                # what the stopped main then raised (its collective aborted by the stop) is a
+                # symptom; the drain's reason is the error, with that traceback
+                if failure is not None and failure.node == stuck.node:
+                    stuck.remote_traceback = failure.remote_traceback
+                failure = stuck
         if failure is None:
             # A node killed shortly before shutdown (within node_timeout) is not yet lost by
             # heartbeat, but it could not be told to stop and never confirmed its exit.
@@ -473,7 +487,7 @@ class Cluster:
                 out.append(NodeError(error_summary(st.traceback), node=info, remote_traceback=st.traceback))
         return out
 
-    def _drain(self, deadline: float, *, stop_busy: bool = False) -> None:
+    def _drain(self, deadline: float, *, timeout: float, stop_busy: bool = False) -> NodeError | None:
         """Let every chief and worker finish what it is doing before it is told to stop.
 
         A main is left alone while it is busy (training on pushed epochs, reading files in
@@ -482,30 +496,56 @@ class Cluster:
         ``shutdown`` therefore never drops pushed rows, and pull-mode training is not cut
         short. Only mains that poll ``ctx.should_stop`` (they expect to be told) are stopped
         busy, once ``deadline`` has passed.
+
+        Two busy mains under MultiWorkerMirroredStrategy cannot finish, and are not waited for:
+        one in ``ctx.save_model`` (a collective) beside a worker whose main returned having
+        begun fewer saves is stopped at once; once a failed push left the workers' passes of
+        different lengths (a node reported ``overran_cut``), busy mains are stopped when
+        ``deadline`` has passed, since one may wait in a collective for steps the others never
+        take. Either comes back as the NodeError to raise.
         """
         next_note = deadline
         hint_due = False  # some workers' mains returned while others run: the MWMS hint is timed
+        ended: dict[int, dict[str, Any]] = {}  # metrics of workers whose main returned (final)
         while True:
             busy: list[int] = []
             polling: list[int] = []
             snap = self._control.snapshot()
             workers = self.topology.workers  # type: ignore[union-attr]
             returned = [n.node_id for n in workers if snap[n.node_id].done]
-            for n in (n for n in workers if not snap[n.node_id].done):
+            metrics: dict[int, dict[str, Any]] = {}
+            for n in workers:
+                if n.node_id in ended:
+                    metrics[n.node_id] = ended[n.node_id]
+                    continue
                 try:
                     m = self._node_action(n, "metrics", {}, timeout=5.0)
                 except (NodeError, ClusterStateError):
-                    return
-                if m.get("main") == "running" and not m.get("idle"):
+                    if n.node_id in returned:
+                        continue  # (its process may be gone already: nothing to wait for)
+                    return None
+                metrics[n.node_id] = m
+                if n.node_id in returned:
+                    ended[n.node_id] = m
+                elif m.get("main") == "running" and not m.get("idle"):
                     busy.append(n.node_id)
                     if m.get("checks_should_stop"):
                         polling.append(n.node_id)
             if not busy or self._node_failure() is not None:
-                return
+                return None
+            saving = _stuck_saving(busy, returned, metrics, self.topology)
+            if saving is not None:
+                logger.warning("shutdown: %s", saving)
+                return saving
+            overran = {nid: m["overran_cut"] for nid, m in metrics.items() if m.get("overran_cut")}
             now = time.monotonic()
             if returned and not hint_due:
                 hint_due = True
                 next_note = min(next_note, now + MWMS_HINT_AFTER)
+            if now >= deadline and overran and len(workers) > 1:
+                stuck = _stuck_after_cut(busy, returned, overran, self.topology, timeout)
+                logger.warning("shutdown: %s", stuck)
+                return stuck
             if now >= deadline and (stop_busy or len(polling) == len(busy)):
                 logger.warning(
                     "shutdown: node(s) %s were still running main when the timeout ran out; "
@@ -514,10 +554,18 @@ class Cluster:
                     "their main polls ctx.should_stop; ctx.wait_stop() tells the driver a main "
                     "only waits",
                 )
-                return
+                return None
             if now >= next_note:
                 alone = ""
-                if returned:
+                if overran and len(workers) > 1:
+                    alone = (
+                        f" A failed push cut an epoch after node(s) {sorted(overran)} had yielded "
+                        f"more of it, so the workers' passes differ in length: under "
+                        f"MultiWorkerMirroredStrategy a worker may wait in a collective for "
+                        f"steps the others never take. It is stopped once shutdown's timeout "
+                        f"({timeout:.0f} s) runs out."
+                    )
+                elif returned:
                     # MWMS: a collective step taken by some workers only never completes
                     alone = (
                         f" The main of node(s) {returned} has returned: under "
@@ -529,9 +577,7 @@ class Cluster:
                         f"whose workers hold different batch counts (pull shards of different "
                         f"sizes) waits once one worker runs out: iterate "
                         f"strategy.experimental_distribute_dataset(ds), or Keras fit, which "
-                        f"cope with that. A train() call that failed mid-epoch can leave the "
-                        f"workers' passes of different lengths too (the nodes' logs then say "
-                        f"so); shutdown(drain=False) stops them now."
+                        f"cope with that."
                     )
                 logger.warning(
                     "shutdown: waiting for node(s) %s, whose main is still running (training in "
@@ -685,6 +731,53 @@ def _lost(name: str, info: NodeInfo | None, silent_for: float, registration: dic
         f"{name} stopped responding {silent_for:.0f} s ago (no heartbeat): its process died or "
         f"was killed, or its executor was lost.",
         node=info, remote_traceback="(no traceback: the process was lost)",
+    )
+
+
+def _stuck_saving(busy: list[int], returned: list[int], metrics: dict[int, dict[str, Any]],
+                  topology: Any) -> NodeError | None:
+    """A busy worker inside a collective ``ctx.save_model`` that a returned worker can no
+    longer join (it began fewer saves before its main returned): that save never finishes."""
+    if len(topology.workers) < 2:
+        return None
+    for nid in busy:
+        m = metrics.get(nid, {})
+        if not m.get("saving"):
+            continue
+        begun = int(m.get("saves_begun", 0))
+        absent = sorted(r for r in returned if int(metrics.get(r, {}).get("saves_begun", begun)) < begun)
+        if absent:
+            return NodeError(
+                f"node {nid}'s main was stopped inside ctx.save_model: under "
+                f"MultiWorkerMirroredStrategy saving is a collective every worker takes part in, "
+                f"and the main of node(s) {absent} had returned without this save (save "
+                f"{begun} of node {nid}), so it could never finish. The model was not saved "
+                f"(the path holds what it held before). Call ctx.save_model(model, path) on "
+                f"every chief and worker, not on the chief alone (the chief writes path, the "
+                f"others a throwaway copy).",
+                node=topology.node(nid),
+                remote_traceback="(no traceback: main was stopped while it waited in ctx.save_model)",
+            )
+    return None
+
+
+def _stuck_after_cut(busy: list[int], returned: list[int], overran: dict[int, dict[str, Any]],
+                     topology: Any, timeout: float) -> NodeError:
+    """The error for busy mains that shutdown stopped after a failed push had left the
+    workers' passes of different lengths (the nodes in ``overran`` had yielded past its cut)."""
+    nid, cut = next(iter(sorted(overran.items())))
+    info = topology.node(busy[0]) if topology is not None else None
+    beside = f", beside node(s) {returned} whose main had returned" if returned else ""
+    return NodeError(
+        f"node(s) {busy} were still running main when shutdown's timeout ({timeout:.0f} s) ran "
+        f"out{beside}, and were stopped: the rest of their main did not run. A failed push had "
+        f"cut epoch {cut['epoch']} ({cut['split']}) at {cut['cut']} row(s) per worker after "
+        f"node {nid}'s pass had yielded {cut['yielded']}, so the workers' passes differ in "
+        f"length, and under MultiWorkerMirroredStrategy a worker then waits in a collective "
+        f"for steps the others never take. After a train() call fails under that strategy, "
+        f"start a new cluster for the next one, or clean the DataFrame first so that no call "
+        f"fails mid-epoch (df.na.drop(), ctx.dataset(fill_values=...)).",
+        node=info, remote_traceback="(no traceback: main was stopped while it ran)",
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import FeedError, SchemaError
-from dataplane.node.server import InferenceBroker
+from dataplane.node.server import InferenceBroker, SaveTally
 from dataplane.topology import NodeInfo, Topology
 from feeders.buffer import FeedBuffer
 
@@ -50,6 +50,7 @@ class NodeContext:
         stop_event: threading.Event,
         polls_stop: threading.Event | None = None,
         agree: Callable[[str, int, Any], tuple[int, Any]] | None = None,
+        saves: SaveTally | None = None,
     ) -> None:
         self.node = node
         self.role = node.role
@@ -69,6 +70,7 @@ class NodeContext:
         self._epoch_lock = threading.Lock()
         self._main_thread = threading.current_thread()  # made by the thread that runs main
         self._agree = agree
+        self._saves = saves if saves is not None else SaveTally()
         self._agreements: dict[str, int] = {}
         self._agree_lock = threading.Lock()
 
@@ -331,15 +333,20 @@ class NodeContext:
 
         if not isinstance(path, str) or not path:
             raise ValueError(f"save_model needs a path (str), got {path!r}")
-        if self.role == "chief" or self.num_workers <= 1:
-            save_whole(lambda to: model.save(to, **kwargs), path, overwrite=kwargs.get("overwrite", True))
-            return path
-        scratch = tempfile.mkdtemp(prefix="dataplane-discarded-save-")
+        collective = self.num_workers > 1 and _multi_worker(model)
+        self._saves.enter(collective)  # (counted: a save some workers never begin is named at shutdown)
         try:
-            model.save(os.path.join(scratch, posixpath.basename(path.rstrip("/")) or "model"), **kwargs)
+            if self.role == "chief" or self.num_workers <= 1:
+                save_whole(lambda to: model.save(to, **kwargs), path, overwrite=kwargs.get("overwrite", True))
+                return path
+            scratch = tempfile.mkdtemp(prefix="dataplane-discarded-save-")
+            try:
+                model.save(os.path.join(scratch, posixpath.basename(path.rstrip("/")) or "model"), **kwargs)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return None
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return None
+            self._saves.leave(collective)
 
     def absolute_path(self, path: str) -> str:
         """Qualify ``path`` against the cluster's default filesystem.
@@ -359,6 +366,16 @@ class NodeContext:
             return fs + path
         user = os.environ.get("USER") or os.environ.get("HADOOP_USER_NAME") or "root"
         return fs + posixpath.join("/user", user, path)
+
+
+def _multi_worker(model: Any) -> bool:
+    """Whether ``model`` was built under a multi-worker strategy (its save is a collective)."""
+    extended = getattr(getattr(model, "distribute_strategy", None), "extended", None)
+    probe = getattr(extended, "_in_multi_worker_mode", None)
+    try:
+        return bool(probe()) if callable(probe) else False
+    except Exception:  # noqa: BLE001 - a strategy of another kind: not known to be collective
+        return False
 
 
 def save_whole(save: Callable[[str], Any], path: str, *, overwrite: bool = True) -> None:

@@ -444,6 +444,7 @@ class _Node:
                 stop_event=self.stop_event,
                 polls_stop=self.server.main_polls_stop,
                 agree=self._agree,
+                saves=self.server.saves,
             )
             main(args, ctx)
         except NodeShutdown:

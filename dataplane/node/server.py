@@ -120,6 +120,26 @@ class InferenceBroker:
         self.stopped.set()
 
 
+class SaveTally:
+    """Main's ``ctx.save_model`` calls: how many began, and how many are running now. Under
+    MultiWorkerMirroredStrategy a save is a collective, so a chief saving while a worker's
+    main has returned having begun fewer saves waits for ever (``cluster.shutdown`` tells)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.begun = 0
+        self.active = 0  # collective saves running now (a model of a multi-worker strategy)
+
+    def enter(self, collective: bool) -> None:
+        with self._lock:
+            self.begun += 1
+            self.active += collective
+
+    def leave(self, collective: bool) -> None:
+        with self._lock:
+            self.active -= collective
+
+
 class NodeServer(flight.FlightServerBase):
     """One node's Flight server; lives until the node process exits."""
 
@@ -144,6 +164,7 @@ class NodeServer(flight.FlightServerBase):
         self.node_id = node_id
         self.main_state = "running"
         self.main_polls_stop = threading.Event()  # main read ctx.should_stop (NodeContext)
+        self.saves = SaveTally()  # main's ctx.save_model calls (NodeContext)
 
     # -- data -------------------------------------------------------------------------------
     def do_put(self, context, descriptor, reader, writer):  # type: ignore[override]
@@ -255,6 +276,7 @@ class NodeServer(flight.FlightServerBase):
             # main only waits for the driver (next epoch, or inference requests): safe to stop
             m["idle"] = self.buffer.idle_waiters > 0 or self.broker.serving
             m["checks_should_stop"] = self.main_polls_stop.is_set()
+            m["saves_begun"], m["saving"] = self.saves.begun, self.saves.active > 0
             m["time"] = time.time()
             return json_result(m)
         if name is Action.SHUTDOWN:

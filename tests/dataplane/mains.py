@@ -289,7 +289,8 @@ def print_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
 def save_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Two MWMS workers fit one epoch and save with ctx.save_model; the chief then stays busy
-    alone for ``args["linger"]`` s, as a chief-only ``model.save`` would (it never returns)."""
+    alone for ``args["linger"]`` s, as a chief-only ``model.save`` would (it never returns),
+    and with ``chief_saves_again`` saves once more alone (it never returns)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
     import tf_keras as keras
@@ -305,6 +306,25 @@ def save_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
            {"saved": saved, "weights": [np.asarray(w).tolist() for w in model.get_weights()]})
     if ctx.role == "chief":
         time.sleep(args["linger"])
+        if args.get("chief_saves_again"):  # the wrong way: a collective the worker never joins
+            ctx.save_model(model, os.path.join(args["dir"], "model.keras"))
+
+
+def collective_loop_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """A custom MWMS loop: one all-reduce per batch of ctx.dataset, read directly (every
+    worker yields the same batches); each pass's steps recorded; main returns after
+    ``args["passes"]`` passes."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    ds = ctx.dataset(100, features="x")
+    steps: list[int] = []
+    for _ in range(args["passes"]):
+        steps.append(0)
+        for _ in ds:
+            strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+            steps[-1] += 1
+        _write(os.path.join(args["dir"], f"steps{ctx.node_id}.json"), {"steps": steps})
 
 
 def late_strategy_main(args, ctx) -> None:  # type: ignore[no-untyped-def]

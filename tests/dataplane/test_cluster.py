@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 import dataplane
+from dataplane.errors import NodeError
 from dataplane.topology import assign_roles
 from tests.dataplane.clusterutil import node_processes, node_workdirs, wait_gone, wait_json
 from tests.dataplane.mains import busy_main, describe_main, slow_reader_main, spawn_main, temp_main
@@ -568,3 +569,32 @@ def test_a_model_saved_on_every_worker_and_a_chief_left_working_alone(spark, tmp
     hints = [r.getMessage() for r in caplog.records if "ctx.save_model(model, path)" in r.getMessage()]
     assert len(hints) == 1, [r.getMessage() for r in caplog.records]
     assert "waiting for node(s) [0]" in hints[0] and "The main of node(s) [1] has returned" in hints[0]
+
+
+@pytest.mark.timeout(150)  # (before: shutdown waited for ever)
+def test_a_save_on_the_chief_alone_is_stopped_at_shutdown_and_named(spark, tmp_path):
+    # Both workers save once, then the chief saves again alone: under MWMS a save is a
+    # collective, so it waits for the worker, whose main has returned, for ever, and a drain
+    # shutdown waited with it. The drain sees the chief saving its 2nd time beside a worker
+    # that returned after 1 save: it stops the chief at once and says why.
+    from tests.dataplane.mains import save_main
+
+    df = spark.createDataFrame([([float(i % 7), 1.0, 2.0, 3.0], float(i % 5)) for i in range(256)],
+                               "x array<float>, y float")
+    cluster = dataplane.run(spark, save_main, {"dir": str(tmp_path), "linger": 0, "chief_saves_again": True},
+                            num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    cluster.train(df, 1)
+    assert wait_json(tmp_path / "node0.json")["saved"] == str(tmp_path / "model.keras")
+    t0 = time.monotonic()
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=300)  # the save cannot finish: not waited for
+    assert time.monotonic() - t0 < 60
+    text = str(info.value)
+    assert "node 0's main was stopped inside ctx.save_model" in text, text
+    assert "the main of node(s) [1] had returned without this save (save 2 of node 0)" in text, text
+    assert info.value.node.node_id == 0
+    import tf_keras
+
+    assert len(tf_keras.models.load_model(str(tmp_path / "model.keras")).get_weights()) == 8  # the 1st save
+    wait_gone(pids)

@@ -20,6 +20,7 @@ from dataplane.errors import ClusterStateError, NodeError, ReservationError
 from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
 from tests.dataplane.mains import (
     chief_serves_main,
+    collective_loop_main,
     describe_main,
     early_main,
     feed_main,
@@ -732,3 +733,46 @@ def test_a_strategy_made_after_the_dataset_is_told_how_to_order_them(spark):
     with pytest.raises(NodeError):
         cluster.shutdown(timeout=20)
     wait_gone(pids, 15)
+
+
+@pytest.mark.timeout(200)  # (before: shutdown waited for ever)
+def test_a_worker_a_failed_push_left_in_a_collective_is_stopped_at_shutdown(spark, tmp_path):
+    """One partition, two MWMS workers running an all-reduce per batch. The second Arrow batch
+    (rows 10,000-19,999) comes 2 s late, and its second half, node 1's share, holds a null:
+    node 0 takes its half and yields it (it may: every worker will hold that much) before node
+    1 refuses the null. The failed call cuts the epoch at the 5,000 rows every worker holds,
+    so node 1's pass ends after 50 batches and its main returns, while node 0 has yielded
+    more and waits in its 51st all-reduce for ever; a drain shutdown waited with it. Node 0
+    reports the overrun, so shutdown stops it once its timeout runs out and says why."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+
+    def late(i):  # type: ignore[no-untyped-def]
+        if i == 10000:
+            time.sleep(2)
+        return float(i)
+
+    # (a null array is refused as it arrives once the dataset is built, so the push fails: a
+    # null scalar would be taken, and fail node 1's main when its batch converts)
+    x = F.array(F.udf(late, DoubleType())("id"))
+    df = spark.range(0, 20000, 1, 1).select(F.when(F.col("id") == 17000, F.lit(None)).otherwise(x).alias("x"))
+    cluster = dataplane.run(spark, collective_loop_main, {"dir": str(tmp_path), "passes": 2}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    # a first call builds both datasets (from then on a null array is refused as it arrives)
+    assert cluster.train(df.where("x IS NOT NULL").limit(2000), 1, feed_timeout=60).rows == 2000
+    with pytest.raises(dataplane.SchemaError, match="column 'x' has 1 null value"):
+        cluster.train(df, 1, feed_timeout=60)
+    deadline = time.monotonic() + 60
+    while len(wait_json(tmp_path / "steps1.json")["steps"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # (written after each pass)
+    assert wait_json(tmp_path / "steps1.json") == {"steps": [10, 50]}
+    t0 = time.monotonic()
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=5)
+    assert 5 <= time.monotonic() - t0 < 60
+    text = str(info.value)
+    assert "node(s) [0] were still running main when shutdown's timeout (5 s) ran out, beside node(s) [1]" in text, text
+    assert "A failed push had cut epoch 1 (train) at 5000 row(s) per worker after node 0's pass had yielded" in text, text
+    assert info.value.node.node_id == 0
+    assert wait_json(tmp_path / "steps0.json") == {"steps": [10]}
+    wait_gone(pids)
