@@ -763,7 +763,6 @@ class Feeder:
         every row: consumed (handed to TensorFlow), dropped for balance, or unconsumed."""
         pending = list(books)
         empty: set[str] = set()  # splits already reported as having no rows
-        explained: dict[tuple[str, tuple[int, ...]], int] = {}  # (why, nodes) -> epoch that said it
         while pending:
             ep = pending[0]
             for _, sent in ep.ending:
@@ -857,7 +856,6 @@ class Feeder:
                     f"was still being pushed; {sum(returned.values())} row(s) were not consumed."
                 )
                 unread = all(states[nid].emitted == 0 for nid in returned)
-                base = msg
                 if ep.split == "validation" and unread and all((nid, "validation") in self._read for nid in returned):
                     msg = msg.replace(f"epoch {ep.epoch}:", f"epoch {ep.epoch} (validation):", 1) + (
                         " Their main had read earlier validation epochs: its fit ended before "
@@ -888,18 +886,8 @@ class Feeder:
                         + ("" if cached else " To push once and train many epochs, use "
                            "train(..., cache=True).")
                     )
-                # every later epoch a fit never read says the same: the why once per call
-                cause = (msg[len(base):], tuple(sorted(returned)))
-                if cause[0] and cause in explained:
-                    tag = f"epoch {ep.epoch}" + (" (validation)" if ep.split == "validation" else "")
-                    msg = base.replace(f"epoch {ep.epoch}", tag, 1)[:-1] + (
-                        f", for the reason given for epoch {explained[cause]}.")
-                    report.messages.append(msg)
-                    logger.info(msg)
-                else:
-                    explained.setdefault(cause, ep.epoch)
-                    report.messages.append(msg)
-                    logger.warning(msg)
+                report.messages.append(msg)
+                logger.warning(msg)
             if ended:
                 msg = (
                     f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(ended)} ended their feed "
