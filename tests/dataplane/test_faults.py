@@ -752,8 +752,8 @@ def test_a_worker_a_failed_push_left_in_a_collective_is_stopped_at_shutdown(spar
             time.sleep(2)
         return float(i)
 
-    # (a null array is refused as it arrives once the dataset is built, so the push fails: a
-    # null scalar would be taken, and fail node 1's main when its batch converts)
+    # (a null is refused as it arrives once the node's dataset is built, so the push fails;
+    # one that arrives before is taken, and fails node 1's main when its batch converts)
     x = F.array(F.udf(late, DoubleType())("id"))
     df = spark.range(0, 20000, 1, 1).select(F.when(F.col("id") == 17000, F.lit(None)).otherwise(x).alias("x"))
     cluster = dataplane.run(spark, collective_loop_main, {"dir": str(tmp_path), "passes": 2}, num_nodes=2)
