@@ -660,7 +660,9 @@ class FeedBuffer:
             ep.limit = int(limit)
             ep.cut = cut
             if cut and ep.emitted > ep.limit:
-                # (said here too: a pass whose main waits in a collective never takes again)
+                # said here, as the cut arrives: a pass whose main waits in a collective never
+                # takes again (feeders.source.iterate_epoch warns when it does); the drain
+                # shutdown reads it (dataplane.driver.cluster)
                 self.metrics["overran_cut"] = {"epoch": epoch, "split": ep.info.split, "cut": ep.limit,
                                                "yielded": ep.emitted}
             if not ep.feeding:  # its pass has all it needs now: no producer may park for it
@@ -961,14 +963,6 @@ class FeedBuffer:
                 self.metrics["rows_out"] += rows_out
                 self.metrics["epochs_consumed"] += 1
             self._cond.notify_all()
-
-    def note_overrun(self, epoch: int, split: str, cut: int, yielded: int) -> None:
-        """A pass over ``epoch`` had yielded ``yielded`` rows when a failed push cut the epoch
-        at ``cut`` per worker (see :func:`feeders.source.iterate_epoch`): told to the driver in
-        the metrics, whose drain ``shutdown`` then will not wait for ever on a worker that a
-        collective may hold."""
-        with self._cond:
-            self.metrics["overran_cut"] = {"epoch": epoch, "split": split, "cut": cut, "yielded": yielded}
 
     def emit(self, epoch: int, rows: int) -> bool:
         """Count ``rows`` of ``epoch`` as handed to TensorFlow, unless its pass has ended (then

@@ -139,7 +139,6 @@ def iterate_epoch(
                     "match, and a worker can wait for ever in a collective: cluster.shutdown() "
                     "then stops it once its timeout runs out).",
                     epoch, info.split, limit, emitted)
-                buffer.note_overrun(epoch, info.split, limit, emitted)  # type: ignore[arg-type]
                 limit = emitted
             if final and limit > received:  # type: ignore[operator]
                 raise FeedError(
