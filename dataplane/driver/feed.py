@@ -763,6 +763,21 @@ class Feeder:
         every row: consumed (handed to TensorFlow), dropped for balance, or unconsumed."""
         pending = list(books)
         empty: set[str] = set()  # splits already reported as having no rows
+        # (cause, nodes) -> the epoch whose note explained it: a 10-epoch fit that
+        # EarlyStopping ended leaves up to 18 epochs unread for one reason, and the reason is
+        # given once per call; the later epochs' notes are one line that points back to it
+        explained: dict[tuple[str, tuple[int, ...]], int] = {}
+
+        def note(msg: str, level: int, cause: str = "", nodes: Sequence[int] = (), short: str = "") -> None:
+            if cause:
+                key = (cause, tuple(sorted(nodes)))
+                if key in explained:
+                    msg, level = f"{short} (the note on epoch {explained[key]} says why).", logging.INFO
+                else:
+                    explained[key] = ep.epoch
+            report.messages.append(msg)
+            logger.log(level, msg)
+
         while pending:
             ep = pending[0]
             for _, sent in ep.ending:
@@ -807,10 +822,11 @@ class Feeder:
                 msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split, ep.carry)}"
                 report.messages.append(msg)
                 logger.warning(msg)
-            if ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1 and not ep.carry:
-                msg = _too_few_message(ep, pushed)
-                report.messages.append(msg)
-                logger.warning(msg)
+            starved = ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1 and not ep.carry
+            if starved:
+                note(_too_few_message(ep, pushed), logging.WARNING, f"too few {ep.split}", ep.reading,
+                     f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} "
+                     f"workers leave some worker none")
             for n in ep.workers:
                 nid, st = n.node_id, states[n.node_id]
                 assigned = ep.assigned.get(nid, 0)
@@ -850,34 +866,52 @@ class Feeder:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
             if ep.carry:
                 self._carry = _Carry(ep.epoch, ep.source.schema, ep.source.shapes, carried)
-            if returned:
+            tag = f"epoch {ep.epoch}" + (" (validation)" if ep.split == "validation" else "")
+            unread_empty = returned if starved else {}
+            if starved and left_early:  # (a pass that yields nothing anyway, left unread)
+                unread_empty, left_early = {**returned, **left_early}, {}
+            if unread_empty:
+                # Keras skips the later passes of a split whose first pass yielded nothing: not
+                # a skipped validation or a main that stopped reading, so not said as one
+                note(f"{tag}: node(s) {sorted(unread_empty)} did not read it; its "
+                     f"{sum(unread_empty.values())} row(s) were not consumed (every worker's pass "
+                     f"over it is empty, see above; Keras skips the later passes of a split "
+                     f"whose pass yielded no batch).", logging.INFO)
+            elif returned:
                 msg = (
-                    f"epoch {ep.epoch}: node(s) {sorted(returned)} returned from main while data "
-                    f"was still being pushed; {sum(returned.values())} row(s) were not consumed."
+                    f"{tag}: node(s) {sorted(returned)} returned from main while data "
+                    f"was still being pushed; {sum(returned.values())} row(s) were not consumed"
                 )
                 unread = all(states[nid].emitted == 0 for nid in returned)
+                cause = short = ""
                 if ep.split == "validation" and unread and all((nid, "validation") in self._read for nid in returned):
-                    msg = msg.replace(f"epoch {ep.epoch}:", f"epoch {ep.epoch} (validation):", 1) + (
-                        " Their main had read earlier validation epochs: its fit ended before "
+                    cause, short = "fit ended", f"{msg}: their fit ended before train(num_epochs=...)'s last epochs"
+                    msg += (
+                        ". Their main had read earlier validation epochs: its fit ended before "
                         "train(num_epochs=...)'s last epochs (EarlyStopping, or fit(epochs=) "
                         "below num_epochs)."
                     )
                 elif ep.split == "validation" and unread:
-                    msg = msg.replace(f"epoch {ep.epoch}:", f"epoch {ep.epoch} (validation):", 1) + (
-                        " Their main never read this validation epoch: read it with "
+                    cause = "validation never read"
+                    short = f"{msg}: their main never read ctx.dataset(split='validation')"
+                    msg += (
+                        ". Their main never read this validation epoch: read it with "
                         "ctx.dataset(..., split='validation') (for fit(validation_data=...)), "
                         "or leave validation= out of train()."
                     )
                 elif ep.carry:
+                    cause, short = "stream", f"{msg}: their main no longer reads the stream"
                     msg += (
-                        " Their main no longer reads the stream: read it with "
+                        ". Their main no longer reads the stream: read it with "
                         "ctx.dataset(repeat=True), which ends when the cluster shuts down, or "
                         "stop the query (query.stop()) before main returns."
                     )
                 elif unread:
                     cached = ep.record is not None or ep.replay is not None
+                    cause = "fewer passes"
+                    short = f"{msg}: their main read fewer passes than train(num_epochs=...) pushed"
                     msg += (
-                        " Their main read fewer passes than train(num_epochs=...) pushed: "
+                        ". Their main read fewer passes than train(num_epochs=...) pushed: "
                         "a fit that EarlyStopping ended, fit(epochs=) below num_epochs, a "
                         "Keras fit that ran out of data on a pass shorter than its first, "
                         "fit(steps_per_epoch=...) on a dataset without repeat=True (Keras "
@@ -886,8 +920,9 @@ class Feeder:
                         + ("" if cached else " To push once and train many epochs, use "
                            "train(..., cache=True).")
                     )
-                report.messages.append(msg)
-                logger.warning(msg)
+                else:
+                    msg += "."
+                note(msg, logging.WARNING, cause, returned, short)
             if ended:
                 msg = (
                     f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(ended)} ended their feed "
@@ -909,12 +944,12 @@ class Feeder:
                 msg = (
                     f"epoch {ep.epoch} (validation): node(s) {sorted(left_early)} began their "
                     f"next training pass without reading it, so its "
-                    f"{sum(left_early.values())} row(s) were refused (Keras skips validation "
-                    f"this way with fit(validation_freq=k), k > 1; a program that never reads "
-                    f"ctx.dataset(split='validation') skips every epoch's)."
+                    f"{sum(left_early.values())} row(s) were refused"
                 )
-                report.messages.append(msg)
-                logger.info(msg)
+                note(msg + (" (Keras skips validation this way with fit(validation_freq=k), "
+                            "k > 1; a program that never reads ctx.dataset(split='validation') "
+                            "skips every epoch's)."),
+                     logging.INFO, "validation skipped", left_early, msg)
             elif left_early:
                 msg = (
                     f"epoch {ep.epoch}: node(s) {sorted(left_early)} ended their pass early; the "

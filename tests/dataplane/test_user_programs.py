@@ -406,6 +406,11 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
             if rows == 1:
                 assert handed == 0 and report.dropped_for_balance == 2, report
                 assert len(empty) == 2 and "its 1 row(s) over 2 workers" in empty[0], report.messages
+                # said in full once; the second epoch points back to it
+                assert "push at least one row per worker" in empty[0], report.messages
+                assert empty[1] == (f"epoch {report.epochs[1]} (train): its 1 row(s) over 2 workers "
+                                    f"leave some worker none (the note on epoch {report.epochs[0]} "
+                                    f"says why)."), report.messages
             else:
                 assert empty == [], report.messages
             if rows == 0:  # said once for the call, not once per epoch
@@ -430,6 +435,9 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
         # not offer cache=True, which this call already used)
         assert [m.split(":")[0] for m in returned if "read fewer passes than train(num_epochs=...)" in m] == [
             f"epoch {report.epochs[1]}", f"epoch {report.epochs[2]}"], report.messages
+        # the first says it in full; the second, unread for the same reason, points back to it
+        assert "a fit that EarlyStopping ended" in returned[0], returned
+        assert returned[1].endswith(f"(the note on epoch {report.epochs[1]} says why)."), returned
         assert not any("use train(..., cache=True)" in m for m in returned), report.messages
     finally:
         _stop(cluster, pids)
@@ -457,8 +465,15 @@ def test_tensorflow_cache_over_the_feed_reads_one_pushed_epoch(spark, tmp_path):
         assert handed == sum(len(seen[n]["train"][0]) for n in workers)
         assert report.rows == 3 * rows and report.spark_jobs == 3
         assert sum(report.rows_unconsumed.values()) == 3 * rows - handed - report.dropped_for_balance
+        # the first unread epoch says why (TensorFlow's cache; ours is cache=True), the second
+        # points back to it instead of repeating the paragraph
+        e = report.epochs
         hints = [m for m in report.messages if "Dataset.cache()" in m and "cache=True" in m]
-        assert [m.split(":")[0] for m in hints] == [f"epoch {e}" for e in report.epochs[1:]], report.messages
+        assert [m.split(":")[0] for m in hints] == [f"epoch {e[1]}"], report.messages
+        assert [m for m in report.messages if m.startswith(f"epoch {e[2]}:")] == [
+            f"epoch {e[2]}: node(s) {sorted(workers)} returned from main while data was still being "
+            f"pushed; {rows} row(s) were not consumed: their main read fewer passes than "
+            f"train(num_epochs=...) pushed (the note on epoch {e[1]} says why)."], report.messages
     finally:
         _stop(cluster, pids)
 
@@ -506,9 +521,15 @@ def test_main_never_reading_the_validation_split_is_told_so(spark, tmp_path):
     notes = {m.split(" (")[0].split(":")[0]: m for m in report.messages}
     assert set(notes) == {f"epoch {e[1]}", f"epoch {e[3]}"}, report.messages
     # the last one, after main returned; the first, depending on when the books were
-    # settled, as skipped by a new training pass or as unread when main returned
-    assert "never read this validation epoch" in notes[f"epoch {e[3]}"], report.messages
-    assert "leave validation= out of train()" in notes[f"epoch {e[3]}"]
+    # settled, as skipped by a new training pass or as unread when main returned (and then the
+    # last one only points back to the first, which says why)
+    returned = [notes[f"epoch {x}"] for x in (e[1], e[3]) if "returned from main" in notes[f"epoch {x}"]]
+    assert returned and returned[-1] == notes[f"epoch {e[3]}"], report.messages
+    assert "never read this validation epoch" in returned[0], report.messages
+    assert "leave validation= out of train()" in returned[0]
+    if len(returned) == 2:
+        assert returned[1].endswith(f"their main never read ctx.dataset(split='validation') "
+                                    f"(the note on epoch {e[1]} says why)."), returned
     assert all("split='validation'" in m for m in notes.values()), report.messages
     assert not any("fewer passes" in m for m in report.messages), report.messages
 
@@ -635,7 +656,7 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
     pids = [n.pid for n in cluster.nodes]
 
     def skipped(report):  # type: ignore[no-untyped-def]
-        return [m.split(" (")[0] for m in report.messages if "validation_freq=k" in m]
+        return [m.split(" (")[0] for m in report.messages if "began their next training pass" in m]
 
     try:
         df, val = _frame(spark, 0, rows, 3), _frame(spark, 100_000, val_rows, 2)
@@ -652,8 +673,11 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         # second training pass began, the last when the next fit's first pass began
         e = report.epochs
         assert skipped(report) == [f"epoch {e[1]}", f"epoch {e[5]}"], report.messages
-        assert all(f"node(s) {sorted(workers)} began their next training pass" in m
-                   for m in report.messages if "validation_freq=k" in m)
+        # the first says why (validation_freq), the later one points back to it
+        first, later = [m for m in report.messages if "began their next training pass" in m]
+        assert f"node(s) {sorted(workers)} began their next training pass" in first
+        assert "fit(validation_freq=k)" in first, report.messages
+        assert later.endswith(f"(the note on epoch {e[1]} says why)."), report.messages
         assert sum(report.rows_unconsumed.values()) == 2 * val_rows, report
 
         # one stream over the pushed epochs, whose fit epochs (25 steps) do not line up with the
@@ -787,14 +811,75 @@ def test_early_stopping_with_validation_then_main_returning_is_told_so(spark, tm
         e = report.epochs  # train, validation, train, ...
         notes = {m.split(":")[0]: m for m in report.messages}
         assert set(notes) == {f"epoch {x}" for x in e[4::2]} | {f"epoch {x} (validation)" for x in e[5::2]}, report.messages
-        for x in e[4::2]:
-            assert "read fewer passes than train(num_epochs=...) pushed: a fit that EarlyStopping ended" in notes[f"epoch {x}"]
-            # (a sweep's fit(steps_per_epoch=) without repeat=True was told only the other causes)
-            assert "fit(steps_per_epoch=...) on a dataset without repeat=True" in notes[f"epoch {x}"]
-        for x in e[5::2]:
-            assert notes[f"epoch {x} (validation)"].endswith(
-                "Their main had read earlier validation epochs: its fit ended before "
-                "train(num_epochs=...)'s last epochs (EarlyStopping, or fit(epochs=) below num_epochs)."), report.messages
+        # the first unread epoch of each split says why; the later one points back to it (a
+        # 10-epoch EarlyStopping run printed the same paragraph 16 times)
+        first, later = e[4], e[6]
+        assert "read fewer passes than train(num_epochs=...) pushed: a fit that EarlyStopping ended" in notes[f"epoch {first}"]
+        # (a sweep's fit(steps_per_epoch=) without repeat=True was told only the other causes)
+        assert "fit(steps_per_epoch=...) on a dataset without repeat=True" in notes[f"epoch {first}"]
+        assert notes[f"epoch {later}"] == (
+            f"epoch {later}: node(s) [0] returned from main while data was still being pushed; "
+            f"{rows} row(s) were not consumed: their main read fewer passes than "
+            f"train(num_epochs=...) pushed (the note on epoch {first} says why)."), report.messages
+        assert notes[f"epoch {e[5]} (validation)"].endswith(
+            "Their main had read earlier validation epochs: its fit ended before "
+            "train(num_epochs=...)'s last epochs (EarlyStopping, or fit(epochs=) below num_epochs)."), report.messages
+        assert notes[f"epoch {e[7]} (validation)"] == (
+            f"epoch {e[7]} (validation): node(s) [0] returned from main while data was still being "
+            f"pushed; {val_rows} row(s) were not consumed: their fit ended before "
+            f"train(num_epochs=...)'s last epochs (the note on epoch {e[5]} says why)."), report.messages
+    finally:
+        _stop(cluster, pids)
+
+
+def tiny_validation_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """An MWMS fit(validation_data=...) over 3 epochs, as in the README."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    with tf.distribute.MultiWorkerMirroredStrategy().scope():
+        model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    h = model.fit(ctx.dataset(32, features="x", label="label"), epochs=3, verbose=0,
+                  validation_data=ctx.dataset(32, features="x", label="label", split="validation"))
+    _write(os.path.join(args["dir"], f"node{ctx.node_id}-tiny.json"), {k: len(v) for k, v in h.history.items()})
+
+
+def test_a_validation_split_of_fewer_rows_than_workers_is_named_once_not_as_unread(spark, tmp_path):
+    """One validation row for two MWMS workers: every worker's validation pass is empty, and
+    Keras, having found the first one empty, skips the later ones. The report says so once in
+    full and then briefly, and does not blame main for skipping validation (it said "began
+    their next training pass without reading it", then "Their main never read this
+    validation epoch")."""
+    rows = 300
+    cluster = dataplane.run(spark, tiny_validation_main, {"dir": str(tmp_path)}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(_frame(spark, 0, rows, 2), 3, FEED_TIMEOUT, cache=True,
+                               validation=_frame(spark, 100_000, 1, 1))
+        assert time.monotonic() - t0 < RETURNS_WITHIN
+        handed = _balanced(cluster, report, before)
+        assert handed == 3 * rows and report.rows_per_split == {"train": 3 * rows, "validation": 3}, report
+        for n in workers:  # three training epochs, and no validation result at all
+            assert wait_json(tmp_path / f"node{n}-tiny.json") == {"loss": 3}
+        e = report.epochs  # train, validation, ...
+        assert report.messages[0] == (
+            f"epoch {e[1]} (validation): its 1 row(s) over 2 workers leave some worker none, so "
+            f"every worker yielded none (each yields the smallest worker's share); push at least "
+            f"one row per worker."), report.messages
+        for x in (e[3], e[5]):
+            mine = [m for m in report.messages if m.startswith(f"epoch {x} (validation)")]
+            assert mine[0] == (f"epoch {x} (validation): its 1 row(s) over 2 workers leave some "
+                               f"worker none (the note on epoch {e[1]} says why)."), report.messages
+            # the pass Keras skipped is counted as unconsumed, for the reason above
+            assert all("did not read it" in m and "see above" in m for m in mine[1:]), report.messages
+        assert not any("began their next training pass" in m or "never read" in m
+                       for m in report.messages), report.messages
+        assert report.dropped_for_balance + sum(report.rows_unconsumed.values()) == 3, report
     finally:
         _stop(cluster, pids)
 
