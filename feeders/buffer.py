@@ -123,6 +123,10 @@ class FeedBuffer:
         self._null_rules: dict[str, tuple[frozenset, frozenset, frozenset]] = {}
         self._announced: dict[str, deque] = {}  # split -> announced epochs no pass has claimed
         self._newest_claim: dict[str, int] = {}  # split -> the newest epoch a pass claimed
+        # splits main has a reader for: a ctx.dataset() built over it, or a pass that asked
+        # for an epoch of it (the TFoS DataFeed's reader): a node without one that stands
+        # still is told so, instead of as having stopped reading
+        self._readers: set[str] = set()
         self._cond = threading.Condition()
         self._epochs: dict[int, NodeEpoch] = {}
         self._bytes = 0
@@ -319,6 +323,7 @@ class FeedBuffer:
         the dataset decodes (``decode=``), for which an empty fill value is no way out."""
         with self._cond:
             self._null_rules[split] = (frozenset(columns), frozenset(filled), frozenset(decoded))
+            self._readers.add(split)
 
     def _check_nulls(self, ep: NodeEpoch, partition: int, batch: pa.RecordBatch) -> None:
         rule = self._null_rules.get(ep.info.split)
@@ -453,6 +458,7 @@ class FeedBuffer:
         split) will not come back for it.
         """
         with self._cond:
+            self._readers.add(split)
             me = None if stream is None else self._streams.get(stream)
             if stream is not None and (me is None or me.superseded):
                 return None
@@ -716,11 +722,12 @@ class FeedBuffer:
             ep = self._epochs.get(epoch)
             if ep is None:
                 return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False,
-                        "ended_feed": self._consumer_done}
+                        "ended_feed": self._consumer_done, "dataset": bool(self._readers)}
             out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
                    "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed,
                    "failure": ep.failure, "carried_in": ep.carried_in,
                    "carried_out": ep.carried_out,
+                   "dataset": ep.info.split in self._readers,
                    # left by its reader, who read on: not the pass main was in when it
                    # returned or raised, which the driver must tell apart (a failure)
                    "left_early": (ep.finished and not ep.complete and ep.failure is None

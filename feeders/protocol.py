@@ -212,6 +212,9 @@ class EpochState:
     past the limit the complete pass held back for the next one (``BeginEpoch.carry``).
     ``left_early``: the pass was ended by its reader before the limit (``break``, ``take``, a
     newer pass) and main read on (a later pass), whether or not it has returned since.
+    ``dataset``: the node's main has a reader for the epoch's split (a ``ctx.dataset()``
+    built over it, or a pass that asked for one of its epochs); a node without one stands
+    still for a reason of its own: a long set-up, or data read some other way.
     """
 
     rows: int
@@ -224,6 +227,7 @@ class EpochState:
     carried_in: int = 0
     carried_out: int = 0
     left_early: bool = False
+    dataset: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,7 +238,7 @@ class EpochState:
                    bool(d.get("complete", False)), str(d.get("main", "running")),
                    bool(d.get("ended_feed", False)), d.get("failure"),
                    int(d.get("carried_in", 0)), int(d.get("carried_out", 0)),
-                   bool(d.get("left_early", False)))
+                   bool(d.get("left_early", False)), bool(d.get("dataset", True)))
 
 
 @dataclass(frozen=True)

@@ -439,7 +439,7 @@ class TFCluster:
             report = self.cluster._feeder.train(df, num_epochs=num_epochs or 10,
                                                 feed_timeout=feed_timeout, balance=False)
         except FeedError as exc:
-            if "stopped reading it" not in str(exc) and "no row moved" not in str(exc):
+            if not any(k in str(exc) for k in ("stopped reading it", "no row moved", "nothing moved")):
                 raise
             raise FeedError(
                 f"{exc} In a TensorFlowOnSpark program: every worker's map_fun reads its "

@@ -283,6 +283,20 @@ def _reading_text(states: dict[int, EpochState]) -> str:
     return "; ".join(parts)
 
 
+def _without_dataset(states: dict[int, EpochState], blamed: Sequence[int], split: str) -> str:
+    """What to say when the nodes blamed for a push that stands still have not built a
+    ``ctx.dataset()`` over its split at all ("" if some of them have)."""
+    if not blamed or any(states[nid].dataset for nid in blamed):
+        return ""
+    return (
+        f"Node(s) {sorted(blamed)} have not built ctx.dataset(split='{split}') yet while their "
+        f"main runs: a main that sets up for long before its first pass (a model to load, a "
+        f"strategy's start-up) needs a larger feed_timeout; a main that gets its data some "
+        f"other way should not be sent any (leave the data out of train(), or call "
+        f"ctx.end_feed() in main)."
+    )
+
+
 def _not_reading(states: dict[int, EpochState]) -> list[int]:
     """The nodes to blame for an epoch's passes that stand still: those that hold rows they have
     not read; else those that read none of it; else every node whose pass is open. (A node
@@ -687,7 +701,7 @@ class Feeder:
         idle = _unstarted(states)
         if not idle:
             return ""
-        return (
+        return _without_dataset(states, idle, ep.split) or (
             f"Node(s) {idle} read none of it while their main still runs: a program that reads "
             f"fewer passes than train() pushes (a fit that EarlyStopping ended, fewer fit epochs "
             f"than num_epochs, a validation split it does not read) must call ctx.end_feed() or "
@@ -799,10 +813,17 @@ class Feeder:
                         f"more, or raise feed_stream(feed_timeout=...) if a node may rightly "
                         f"read nothing for longer."
                     )
+                blamed = _not_reading(states)
+                if expired and _without_dataset(states, blamed, ep.split):
+                    raise FeedError(
+                        f"epoch {ep.epoch} ({ep.split}) was pushed, but nothing moved for "
+                        f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). "
+                        + _without_dataset(states, blamed, ep.split)
+                    )
                 if expired:
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
-                        f"{_not_reading(states)} stopped reading it: nothing moved for "
+                        f"{blamed} stopped reading it: nothing moved for "
                         f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). A program that reads fewer epochs than "
                         f"train(num_epochs=...) pushes (a fit ended early by EarlyStopping, "
                         f"fewer fit epochs) leaves the rest unread: read one pass per pushed "

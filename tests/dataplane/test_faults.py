@@ -641,6 +641,30 @@ def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tm
         cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
 
 
+def test_a_main_that_never_builds_its_dataset_is_told_so_not_as_having_stopped_reading(spark):
+    # A main busy with something else (a long set-up, data read another way) never calls
+    # ctx.dataset(): it was told it "stopped reading" epoch 0, or that it "reads fewer passes
+    # than train() pushes". Both ways a call stands still: the epoch's rows all delivered and
+    # waiting (500 rows), and a push blocked on the full 64 KiB buffers (40,000 rows).
+    cluster = dataplane.run(spark, idle_main, {}, num_nodes=2, buffer_bytes=64 * 1024,
+                            max_chunk_bytes=16 * 1024)
+    try:
+        for rows, head in ((500, "epoch 0 (train) was pushed, but nothing moved for feed_timeout=4 s"),
+                           (40_000, "no row moved into or out of any node for feed_timeout=4 s")):
+            t0 = time.monotonic()
+            with pytest.raises(dataplane.FeedError) as info:
+                cluster.train(make_df(spark, rows, 2), num_epochs=1, feed_timeout=4)
+            assert 4 <= time.monotonic() - t0 < 40
+            text = str(info.value)
+            assert head in text, text
+            assert ("Node(s) [0, 1] have not built ctx.dataset(split='train') yet while their main "
+                    "runs: a main that sets up for long before its first pass") in text, text
+            assert "larger feed_timeout" in text and "ctx.end_feed()" in text, text
+            assert "stopped reading" not in text and "fewer passes" not in text, text
+    finally:
+        cluster.shutdown(timeout=10)
+
+
 def test_a_slow_model_training_on_one_big_take_is_not_standing_still(spark, tmp_path):
     # The default 64 MiB buffer: a pass takes every row that has arrived at once (here a
     # partition of 6,000 rows, 375 batches, 7.5 s of training at 0.02 s a batch) and then
