@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from feeders.cache import EpochCache
+from feeders.cache import EpochCache, MemoryBudget
 from feeders.epoch import (ConsumerFinished, EpochClosed, EpochInfo, EpochWithdrawn, FeedStopped, NodeEpoch,
                            ParkedRows)
 from formats.errors import FeedError, SchemaError
@@ -116,6 +116,8 @@ class FeedBuffer:
         self.capacity = int(capacity_bytes)
         self.cache_dir = cache_dir
         self.cache_bytes = int(cache_bytes)
+        # one bound for all of this node's caches (a training and a validation split's)
+        self._cache_budget = MemoryBudget(self.cache_bytes)
         self._caches: dict[str, EpochCache] = {}
         self._replayer: threading.Thread | None = None
         # split -> (columns the dataset converts, columns with a fill value, columns it
@@ -186,8 +188,8 @@ class FeedBuffer:
             if info.record is not None:
                 cache = self._caches.get(info.record)
                 if cache is None:
-                    cache = EpochCache(info.record, info.schema,
-                                       directory=self.cache_dir or ".", memory_bytes=self.cache_bytes)
+                    cache = EpochCache(info.record, info.schema, directory=self.cache_dir or ".",
+                                       memory_bytes=self.cache_bytes, budget=self._cache_budget)
                     self._caches[info.record] = cache
                 ep.cache = cache
             if info.replay is not None:

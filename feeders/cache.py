@@ -5,7 +5,9 @@ rows it accepts (after dedupe of retried tasks, in arrival order) into an :class
 and replays them for the later epochs without any traffic from Spark.
 
 Memory is bounded: batches are kept in memory up to ``memory_bytes`` (``dataplane.run``'s
-``cache_bytes``); the rest is spilled to Arrow IPC files in the node's work directory, read back a batch at a
+``cache_bytes``), one :class:`MemoryBudget` shared by all of a node's caches (the training
+split's and the validation split's), so that they hold no more than that between them; the
+rest is spilled to Arrow IPC files in the node's work directory, read back a batch at a
 time into memory freed once the batch is used (a memory map would leave every page a replay
 touched in the node's resident set). The files go when the cache is dropped, and the work
 directory with them when the node exits.
@@ -24,19 +26,44 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EpochCache"]
+__all__ = ["EpochCache", "MemoryBudget"]
 
 _SPILL_FILE_BYTES = 256 << 20  # one spill file holds up to this many bytes of batches
+
+
+class MemoryBudget:
+    """Bytes of memory that several caches may hold between them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = int(limit)
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve ``nbytes``; False (nothing reserved) if that would pass the limit."""
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
 
 
 class EpochCache:
     """Rows of one DataFrame as this node received them; memory up to a bound, then disk."""
 
-    def __init__(self, cache_id: str, schema: pa.Schema, *, directory: str, memory_bytes: int) -> None:
+    def __init__(self, cache_id: str, schema: pa.Schema, *, directory: str, memory_bytes: int,
+                 budget: MemoryBudget | None = None) -> None:
+        """``budget``: the memory this cache shares with the node's other caches (default:
+        its own ``memory_bytes``)."""
         self.cache_id = cache_id
         self.schema = schema
         self.directory = directory
         self.memory_bytes = int(memory_bytes)
+        self._budget = budget if budget is not None else MemoryBudget(memory_bytes)
         self._lock = threading.Lock()
         self._memory: list[pa.RecordBatch] = []
         self._where: list[tuple[int, int]] = []  # per stored batch: (file index or -1, index)
@@ -64,7 +91,7 @@ class EpochCache:
             if self.sealed:
                 raise RuntimeError(f"cache {self.cache_id} is sealed")
             self._keys.append(key)
-            if self.memory_used + nbytes <= self.memory_bytes:
+            if self._budget.take(nbytes):
                 self._where.append((-1, len(self._memory)))
                 self._memory.append(batch)
                 self.memory_used += nbytes
@@ -142,4 +169,5 @@ class EpochCache:
                 except OSError:
                     pass
             self._files.clear()
+            self._budget.give_back(self.memory_used)
             self.memory_used = 0

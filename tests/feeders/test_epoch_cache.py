@@ -47,3 +47,43 @@ def test_replaying_spilled_batches_keeps_only_the_batch_in_hand_resident(tmp_pat
     assert peak < 16 * 1024, f"replaying 64 MiB of spilled batches added {peak} KiB of RSS"
     cache.drop()
     assert not any(p.exists() for p in tmp_path.iterdir())
+
+
+def test_a_nodes_caches_share_one_memory_bound(tmp_path):
+    """cache_bytes bounds what a node's caches hold between them: a training split's and a
+    validation split's cache each got the whole bound (2x cache_bytes in memory with
+    train(cache=True, validation=...)). The first to arrive keeps its batches in memory; the
+    other spills what no longer fits, and memory freed by a dropped cache goes to the next."""
+    from feeders.cache import MemoryBudget
+
+    schema = pa.schema([("id", pa.int64()), ("blob", pa.binary())])
+    budget = MemoryBudget(10 * 4096 + 100)
+
+    def batch(i: int) -> pa.RecordBatch:
+        blob = np.full(4000, i % 251, dtype=np.uint8).tobytes()
+        return pa.record_batch([pa.array([i]), pa.array([blob], pa.binary())], schema=schema)
+
+    train = EpochCache("train", schema, directory=str(tmp_path), memory_bytes=budget.limit, budget=budget)
+    val = EpochCache("val", schema, directory=str(tmp_path), memory_bytes=budget.limit, budget=budget)
+    size = batch(0).nbytes
+    assert 4000 < size <= 4096
+    for i in range(8):
+        train.add(batch(i), key=(0, i))
+    for i in range(8):
+        val.add(batch(100 + i), key=(0, i))
+    train.seal()
+    val.seal()
+    assert train.memory_used == 8 * size and train.spilled_bytes == 0
+    assert val.memory_used == 2 * size and val.spilled_bytes == 6 * size and val.files
+    assert budget.used == train.memory_used + val.memory_used <= budget.limit
+    # every row comes back, from memory or disk
+    assert [b.column("id")[0].as_py() for b in val.batches()] == list(range(100, 108))
+    train.drop()
+    assert budget.used == 2 * size
+    again = EpochCache("train2", schema, directory=str(tmp_path), memory_bytes=budget.limit, budget=budget)
+    for i in range(8):
+        again.add(batch(i), key=(0, i))
+    assert again.memory_used == 8 * size and again.spilled_bytes == 0
+    for c in (val, again):
+        c.drop()
+    assert budget.used == 0 and not any(p.exists() for p in tmp_path.iterdir())
