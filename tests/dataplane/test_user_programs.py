@@ -580,8 +580,14 @@ def test_main_raising_in_a_cached_replay_or_in_validation(spark, tmp_path, where
         with pytest.raises(NodeError) as info:
             cluster.train(_frame(spark, 0, rows, 2), 3, FEED_TIMEOUT, cache=True,
                           validation=_frame(spark, 100_000, val_rows, 2) if where == "raise_in_validation" else None)
-        took = time.monotonic() - t0
-        assert took < 15, took
+        took, raised_at = time.monotonic() - t0, time.time()
+        # the node's error fails the call soon after main raised (its record is written just
+        # before the raise), however long the Spark jobs and TF's start-up took before it:
+        # the whole call took 8-10 s on an idle machine and 15.7-17.9 s in a fresh-clone CI
+        # (both stacks at once on 2 cores), past the 15 s this test used to allow it
+        since_raise = raised_at - (tmp_path / "node1-s0.json").stat().st_mtime
+        assert since_raise < 10, (since_raise, took)
+        assert took < RETURNS_WITHIN, took
         assert info.value.node.node_id == 1
         text = "user bug in epoch 1 on node 1" if where == "raise_in_replay" else "user bug in validation on node 1"
         assert f"ValueError: {text}" in info.value.remote_traceback
