@@ -189,7 +189,7 @@ class FeedBuffer:
                 cache = self._caches.get(info.record)
                 if cache is None:
                     cache = EpochCache(info.record, info.schema, directory=self.cache_dir or ".",
-                                       memory_bytes=self.cache_bytes, budget=self._cache_budget)
+                                       budget=self._cache_budget)
                     self._caches[info.record] = cache
                 ep.cache = cache
             if info.replay is not None:

@@ -55,14 +55,13 @@ class MemoryBudget:
 class EpochCache:
     """Rows of one DataFrame as this node received them; memory up to a bound, then disk."""
 
-    def __init__(self, cache_id: str, schema: pa.Schema, *, directory: str, memory_bytes: int,
+    def __init__(self, cache_id: str, schema: pa.Schema, *, directory: str, memory_bytes: int = 0,
                  budget: MemoryBudget | None = None) -> None:
-        """``budget``: the memory this cache shares with the node's other caches (default:
-        its own ``memory_bytes``)."""
+        """``budget``: the memory this cache shares with the node's other caches; without one,
+        a budget of its own of ``memory_bytes``."""
         self.cache_id = cache_id
         self.schema = schema
         self.directory = directory
-        self.memory_bytes = int(memory_bytes)
         self._budget = budget if budget is not None else MemoryBudget(memory_bytes)
         self._lock = threading.Lock()
         self._memory: list[pa.RecordBatch] = []

@@ -439,7 +439,8 @@ class TFCluster:
             report = self.cluster._feeder.train(df, num_epochs=num_epochs or 10,
                                                 feed_timeout=feed_timeout, balance=False)
         except FeedError as exc:
-            if not any(k in str(exc) for k in ("stopped reading it", "no row moved", "nothing moved")):
+            # (the push stood still: a node stopped reading, or never began)
+            if "no row moved" not in str(exc) and "nothing moved" not in str(exc):
                 raise
             raise FeedError(
                 f"{exc} In a TensorFlowOnSpark program: every worker's map_fun reads its "

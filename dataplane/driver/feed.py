@@ -814,11 +814,11 @@ class Feeder:
                         f"read nothing for longer."
                     )
                 blamed = _not_reading(states)
-                if expired and _without_dataset(states, blamed, ep.split):
+                no_reader = _without_dataset(states, blamed, ep.split) if expired else ""
+                if no_reader:
                     raise FeedError(
                         f"epoch {ep.epoch} ({ep.split}) was pushed, but nothing moved for "
-                        f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). "
-                        + _without_dataset(states, blamed, ep.split)
+                        f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). {no_reader}"
                     )
                 if expired:
                     raise FeedError(
@@ -888,10 +888,10 @@ class Feeder:
             if ep.carry:
                 self._carry = _Carry(ep.epoch, ep.source.schema, ep.source.shapes, carried)
             tag = f"epoch {ep.epoch}" + (" (validation)" if ep.split == "validation" else "")
-            unread_empty = returned if starved else {}
-            if starved and left_early:  # (a pass that yields nothing anyway, left unread)
-                unread_empty, left_early = {**returned, **left_early}, {}
+            # (passes that yield nothing anyway, left unread)
+            unread_empty = {**returned, **left_early} if starved else {}
             if unread_empty:
+                left_early = {}
                 # Keras skips the later passes of a split whose first pass yielded nothing: not
                 # a skipped validation or a main that stopped reading, so not said as one
                 note(f"{tag}: node(s) {sorted(unread_empty)} did not read it; its "
