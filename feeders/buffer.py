@@ -327,40 +327,52 @@ class FeedBuffer:
             self._null_rules[split] = (frozenset(columns), frozenset(filled), frozenset(decoded))
             self._readers.add(split)
 
-    def _check_nulls(self, ep: NodeEpoch, partition: int, batch: pa.RecordBatch) -> None:
+    def _check_nulls(self, ep: NodeEpoch, partition: int, batch: pa.RecordBatch,
+                     batch_nulls: tuple[tuple[int, int, int], ...] | None = None) -> None:
+        """Refuse a null the node's dataset cannot take. ``batch_nulls``: the nulls of the
+        whole Arrow batch ``batch`` was cut from, as the task found them (``ChunkTag.nulls``),
+        so that every worker refuses a batch whichever worker's slice holds the null; None
+        (a stream without them): this slice's own."""
         rule = self._null_rules.get(ep.info.split)
         if rule is None:
             return
         wanted, filled, decoded = rule
-        for i, name in enumerate(batch.schema.names):
-            if name in wanted and name not in filled:
-                col = batch.column(i)
+        names = batch.schema.names
+        if batch_nulls is None:
+            counts = [(i, None, None) for i, name in enumerate(names) if name in wanted and name not in filled]
+        else:
+            counts = [(i, rows, inner) for i, rows, inner in batch_nulls
+                      if i < len(names) and names[i] in wanted and names[i] not in filled]
+        for i, nulls, inner in counts:
+            name, col = names[i], batch.column(i)
+            if nulls is None:
                 nulls = col.null_count
-                if nulls and name in decoded:
-                    raise SchemaError(
-                        f"column {name!r} has {nulls} null value(s) in a batch of partition "
-                        f"{partition} (epoch {ep.info.epoch}), and the node decodes it "
-                        f"(ctx.dataset(decode=...)): a null is no image or array to decode. Drop "
-                        f"those rows first (df.na.drop(subset=[{name!r}])), or fill them with "
-                        f"valid encoded bytes of the decoded size (fill_values={{{name!r}: ...}})."
-                    )
-                if nulls:
-                    raise SchemaError(
-                        f"column {name!r} has {nulls} null value(s) in a batch of partition "
-                        f"{partition} (epoch {ep.info.epoch}); a tensor cannot hold a null. "
-                        f"Give a fill value on the node (ctx.dataset(fill_values={{{name!r}: {fill_example(col.type)}}})) "
-                        f"or clean the DataFrame first (df.na.fill(...) or "
-                        f"df.na.drop(subset=[{name!r}]))."
-                    )
+            if nulls and name in decoded:
+                raise SchemaError(
+                    f"column {name!r} has {nulls} null value(s) in a batch of partition "
+                    f"{partition} (epoch {ep.info.epoch}), and the node decodes it "
+                    f"(ctx.dataset(decode=...)): a null is no image or array to decode. Drop "
+                    f"those rows first (df.na.drop(subset=[{name!r}])), or fill them with "
+                    f"valid encoded bytes of the decoded size (fill_values={{{name!r}: ...}})."
+                )
+            if nulls:
+                raise SchemaError(
+                    f"column {name!r} has {nulls} null value(s) in a batch of partition "
+                    f"{partition} (epoch {ep.info.epoch}); a tensor cannot hold a null. "
+                    f"Give a fill value on the node (ctx.dataset(fill_values={{{name!r}: {fill_example(col.type)}}})) "
+                    f"or clean the DataFrame first (df.na.fill(...) or "
+                    f"df.na.drop(subset=[{name!r}]))."
+                )
+            if inner is None:
                 inner = _inner_nulls(col)
-                if inner:
-                    raise SchemaError(
-                        f"column {name!r} has {inner} null element(s) inside its arrays in a "
-                        f"batch of partition {partition} (epoch {ep.info.epoch}); a tensor cannot "
-                        f"hold a null. Give a fill value on the node "
-                        f"(ctx.dataset(fill_values={{{name!r}: {fill_example(col.type)}}})) or clean the DataFrame first: "
-                        f"df.where(~F.exists({name!r}, lambda v: v.isNull())) drops such rows."
-                    )
+            if inner:
+                raise SchemaError(
+                    f"column {name!r} has {inner} null element(s) inside its arrays in a "
+                    f"batch of partition {partition} (epoch {ep.info.epoch}); a tensor cannot "
+                    f"hold a null. Give a fill value on the node "
+                    f"(ctx.dataset(fill_values={{{name!r}: {fill_example(col.type)}}})) or clean the DataFrame first: "
+                    f"df.where(~F.exists({name!r}, lambda v: v.isNull())) drops such rows."
+                )
 
     def drop_cache(self, cache_id: str) -> None:
         with self._cond:
@@ -770,7 +782,9 @@ class FeedBuffer:
         """Accept one attempt's stream of a partition; returns rows accepted (after dedupe).
 
         ``batches`` yields record batches, or ``(batch_or_None, seen)`` pairs where ``seen`` is
-        how many rows of the partition its task had split when it sent them (``None``: unknown).
+        how many rows of the partition its task had split when it sent them (``None``: unknown),
+        or ``(batch_or_None, seen, batch_nulls)`` with the nulls of the whole Arrow batch the
+        chunk was cut from (see :meth:`_check_nulls`).
         A recording epoch (``cache=True``) keeps taking rows into its cache after the consumer
         left it: later epochs replay them.
 
@@ -792,10 +806,16 @@ class FeedBuffer:
             ep.accepted.setdefault(partition, 0)
             self._check_open(ep)
         for item in batches:
+            batch_nulls = None
             if isinstance(item, tuple):
-                batch, seen = item
+                batch, seen, *rest = item
+                if rest:
+                    batch_nulls = rest[0]
             else:
                 batch, seen = item, None
+            if batch is not None and batch.num_rows:
+                # before the seen count: a refused chunk must not raise what this node may yield
+                self._check_nulls(ep, partition, batch, batch_nulls)
             if seen is not None:
                 with self._cond:
                     if seen > ep.seen.get(partition, 0):
@@ -804,7 +824,6 @@ class FeedBuffer:
             if batch is None or batch.num_rows == 0:
                 continue
             n = batch.num_rows
-            self._check_nulls(ep, partition, batch)
             if not same_columns(batch.schema, ep.info.schema):
                 raise FeedError(
                     f"partition {partition} of epoch {epoch} sent columns "

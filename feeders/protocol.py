@@ -20,10 +20,14 @@ enough ahead of every other worker that they all can take their next step, which
 MultiWorkerMirroredStrategy's collectives need.
 
 Every chunk carries, as Flight ``app_metadata``, the number of the partition's rows the task had
-seen when it split them (:func:`encode_seen`); a stream ends with a metadata-only message of the
-partition's total. Each worker ends up with at least ``seen // W`` rows of that partition, which
-is how a node knows, while the epoch is still streaming, how many rows it may yield without ever
-yielding more than another worker (equal batch counts under MWMS).
+seen when it split them and the columns holding nulls in its Arrow batch (:class:`ChunkTag`); a
+stream ends with a metadata-only message of the partition's total. Each worker ends up with at
+least ``seen // W`` rows of that partition, which is how a node knows, while the epoch is still
+streaming, how many rows it may yield without ever yielding more than another worker (equal
+batch counts under MWMS). That trusts a chunk's siblings to arrive, so a node refuses a batch
+for what any worker's slice of it holds (its nulls), never for its own slice alone; a task that
+dies between two sibling chunks (cancelled) can still leave one worker ahead, which that node
+warns of (its ``overran_cut`` metric).
 
 Leaving an epoch early: when a node's pass over an epoch ends before the epoch does (``break``,
 ``take``, ``steps_per_epoch``, an iterator dropped), the node closes that epoch: streams of it
@@ -51,8 +55,7 @@ __all__ = [
     "PUSH_RESULT_SCHEMA",
     "PUSH_RESULT_FIELDS",
     "EPOCH_PROPERTY",
-    "encode_seen",
-    "decode_seen",
+    "ChunkTag",
     "chunk_bytes",
     "split_counts",
 ]
@@ -256,20 +259,36 @@ class PutReply:
 
 
 _SEEN = struct.Struct("<q")
+_NULLS = struct.Struct("<Iqq")  # column index, null rows, nulls inside the column's arrays
 
 
-def encode_seen(rows_seen: int) -> bytes:
-    """A chunk's ``app_metadata``: rows of the partition the task had seen when it split them."""
-    return _SEEN.pack(rows_seen)
+@dataclass(frozen=True)
+class ChunkTag:
+    """A chunk's ``app_metadata``: ``seen``, the rows of the partition the task had split when
+    it sent the chunk, and ``nulls``, for each column holding nulls anywhere in the Arrow batch
+    the chunk was cut from (every worker's slice, not only this one), its index in the stream's
+    schema with (null rows, nulls inside its arrays). Every worker's chunks of a batch carry
+    the same ``nulls``, so a node that cannot take a null refuses the whole batch, whichever
+    slice holds it: one that refused only its own slice while another worker yielded its
+    sibling slice would leave their passes of different lengths. Empty for a clean batch, so
+    such chunks carry only ``seen``."""
 
+    seen: int
+    nulls: tuple[tuple[int, int, int], ...] = ()
 
-def decode_seen(meta: Any) -> int | None:
-    if meta is None:
-        return None
-    raw = meta.to_pybytes() if hasattr(meta, "to_pybytes") else bytes(meta)
-    if len(raw) != _SEEN.size:
-        return None
-    return _SEEN.unpack(raw)[0]
+    def encode(self) -> bytes:
+        return _SEEN.pack(self.seen) + b"".join(_NULLS.pack(*n) for n in self.nulls)
+
+    @classmethod
+    def decode(cls, meta: Any) -> "ChunkTag | None":
+        """The tag of a chunk; ``None`` for a chunk without one (or not of this form)."""
+        if meta is None:
+            return None
+        raw = meta.to_pybytes() if hasattr(meta, "to_pybytes") else bytes(meta)
+        if len(raw) < _SEEN.size or (len(raw) - _SEEN.size) % _NULLS.size:
+            return None
+        nulls = tuple(_NULLS.iter_unpack(raw[_SEEN.size:]))
+        return cls(_SEEN.unpack_from(raw)[0], nulls)
 
 
 def split_counts(total: int, workers: int, rotation: int,

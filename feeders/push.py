@@ -16,16 +16,17 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from formats.errors import FeedError, SchemaError
+from formats.schema import list_levels
 from feeders.flight import flight_message
 from feeders.protocol import (
     EPOCH_PROPERTY,
     PUSH_RESULT_FIELDS,
     PUSH_RESULT_SCHEMA,
+    ChunkTag,
     FeedCommand,
     InferCommand,
     PutReply,
     Refusal,
-    encode_seen,
     split_counts,
 )
 
@@ -142,7 +143,7 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
                     else:
                         s.refused += size
                 offset += size
-            seen = encode_seen(total)
+            seen = ChunkTag(total, _batch_nulls(batch)).encode()
             # one chunk per worker in turn: no worker gets ahead of another by more than a chunk
             while True:
                 wrote = False
@@ -167,7 +168,7 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
                     break
         # End every stream before waiting for any reply: a node still taking the last chunks into
         # a full buffer must not hold back the end of the other workers' streams.
-        final = pa.py_buffer(encode_seen(total))
+        final = pa.py_buffer(ChunkTag(total).encode())
         for s in streams:
             if not s.open:
                 continue
@@ -196,6 +197,17 @@ def push_partition(batches: Iterator[pa.RecordBatch], p: _Push) -> list[tuple[in
         raise
     return [(p.partition, p.attempt, s.node, s.sent, s.accepted, s.refused, s.bytes, int(s.was_refused))
             for s in streams]
+
+
+def _batch_nulls(batch: pa.RecordBatch) -> tuple[tuple[int, int, int], ...]:
+    """The columns of ``batch`` that hold nulls, as :class:`ChunkTag` has them (a null count
+    Arrow already knows for a clean column, so nothing is scanned for one)."""
+    out = []
+    for i, col in enumerate(batch.columns):
+        inner = sum(level.null_count for level in list_levels(col))
+        if col.null_count or inner:
+            out.append((i, col.null_count, inner))
+    return tuple(out)
 
 
 def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:

@@ -27,7 +27,7 @@ import pyarrow.flight as flight
 from dataplane.errors import FeedError, NotServing, SchemaError
 from dataplane.rpc import AuthMiddlewareFactory, json_result
 from feeders.buffer import ConsumerFinished, EpochClosed, EpochInfo, FeedBuffer, FeedStopped
-from feeders.protocol import Action, BeginEpoch, FeedCommand, PutReply, Refusal, decode_seen
+from feeders.protocol import Action, BeginEpoch, ChunkTag, FeedCommand, PutReply, Refusal
 
 __all__ = ["NodeServer", "InferenceBroker", "CONSUMER_FINISHED", "NODE_STOPPING"]
 
@@ -177,7 +177,11 @@ class NodeServer(flight.FlightServerBase):
                     chunk = reader.read_chunk()
                 except StopIteration:
                     return
-                yield chunk.data, decode_seen(chunk.app_metadata)
+                tag = ChunkTag.decode(chunk.app_metadata)
+                if tag is None:
+                    yield chunk.data, None
+                else:
+                    yield chunk.data, tag.seen, tag.nulls
 
         try:
             rows = self.buffer.put_stream(epoch, partition, chunks())

@@ -313,11 +313,13 @@ def save_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 def collective_loop_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """A custom MWMS loop: one all-reduce per batch of ctx.dataset, read directly (every
     worker yields the same batches); each pass's steps recorded; main returns after
-    ``args["passes"]`` passes."""
+    ``args["passes"]`` passes. ``args["fill_node"]``: that node's dataset fills nulls in
+    ``x`` (the others refuse them)."""
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    ds = ctx.dataset(100, features="x")
+    fill = {"x": 0.0} if args.get("fill_node") == ctx.node_id else None
+    ds = ctx.dataset(100, features="x", fill_values=fill)
     steps: list[int] = []
     for _ in range(args["passes"]):
         steps.append(0)

@@ -760,14 +760,9 @@ def test_a_strategy_made_after_the_dataset_is_told_how_to_order_them(spark):
 
 
 @pytest.mark.timeout(200)  # (before: shutdown waited for ever)
-def test_a_worker_a_failed_push_left_in_a_collective_is_stopped_at_shutdown(spark, tmp_path):
-    """One partition, two MWMS workers running an all-reduce per batch. The second Arrow batch
-    (rows 10,000-19,999) comes 2 s late, and its second half, node 1's share, holds a null:
-    node 0 takes its half and yields it (it may: every worker will hold that much) before node
-    1 refuses the null. The failed call cuts the epoch at the 5,000 rows every worker holds,
-    so node 1's pass ends after 50 batches and its main returns, while node 0 has yielded
-    more and waits in its 51st all-reduce for ever; a drain shutdown waited with it. Node 0
-    reports the overrun, so shutdown stops it once its timeout runs out and says why."""
+def _late_null_in_node_1s_share(spark):  # type: ignore[no-untyped-def]
+    """One partition of 20,000 one-element arrays in two Arrow batches, the second 2 s late;
+    row 17,000, in node 1's half of the second batch, is a null array."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType
 
@@ -776,13 +771,52 @@ def test_a_worker_a_failed_push_left_in_a_collective_is_stopped_at_shutdown(spar
             time.sleep(2)
         return float(i)
 
-    # (a null is refused as it arrives once the node's dataset is built, so the push fails;
-    # one that arrives before is taken, and fails node 1's main when its batch converts)
     x = F.array(F.udf(late, DoubleType())("id"))
-    df = spark.range(0, 20000, 1, 1).select(F.when(F.col("id") == 17000, F.lit(None)).otherwise(x).alias("x"))
+    return spark.range(0, 20000, 1, 1).select(F.when(F.col("id") == 17000, F.lit(None)).otherwise(x).alias("x"))
+
+
+def test_a_null_in_one_workers_share_fails_the_call_and_leaves_the_passes_equal(spark, tmp_path):
+    """One partition, two MWMS workers running an all-reduce per batch. The second Arrow batch
+    (rows 10,000-19,999) comes 2 s late, and its second half, node 1's share, holds a null.
+    Both nodes refuse that batch (its chunks say a column holds a null), so the failed call
+    cuts the epoch at the 5,000 rows each worker holds and has yielded: both passes take 50
+    steps, both mains return, and shutdown is clean. Before, node 0 took and yielded its
+    clean half, its pass ran past the cut, and it waited in its 51st all-reduce for ever."""
+    df = _late_null_in_node_1s_share(spark)
     cluster = dataplane.run(spark, collective_loop_main, {"dir": str(tmp_path), "passes": 2}, num_nodes=2)
     pids = [n.pid for n in cluster.nodes]
-    # a first call builds both datasets (from then on a null array is refused as it arrives)
+    try:
+        # a first call builds both datasets (from then on a null array is refused as it arrives)
+        assert cluster.train(df.where("x IS NOT NULL").limit(2000), 1, feed_timeout=60).rows == 2000
+        with pytest.raises(dataplane.SchemaError, match="column 'x' has 1 null value"):
+            cluster.train(df, 1, feed_timeout=60)
+        deadline = time.monotonic() + 60
+        while (min(len(wait_json(tmp_path / f"steps{n}.json")["steps"]) for n in (0, 1)) < 2
+               and time.monotonic() < deadline):
+            time.sleep(0.2)  # (written after each pass)
+        assert wait_json(tmp_path / "steps0.json") == {"steps": [10, 50]}
+        assert wait_json(tmp_path / "steps1.json") == {"steps": [10, 50]}
+        assert not any(m.get("overran_cut") for m in cluster.metrics().values())
+    finally:
+        t0 = time.monotonic()
+        cluster.shutdown(timeout=30)
+        assert time.monotonic() - t0 < 30
+    wait_gone(pids)
+
+
+def test_a_worker_a_failed_push_left_in_a_collective_is_stopped_at_shutdown(spark, tmp_path):
+    """As above, but node 0's dataset fills nulls (fill_values) and node 1's does not: node 0
+    takes its half of the batch and yields it (it may: every worker will hold that much), node
+    1 refuses the null. The failed call cuts the epoch at the 5,000 rows every worker holds,
+    so node 1's pass ends after 50 batches and its main returns, while node 0 has yielded
+    more and waits in its 51st all-reduce for ever; a drain shutdown waited with it. Node 0
+    reports the overrun, so shutdown stops it once its timeout runs out and says why. (The
+    other way to get here is a task cancelled between two of its sibling chunks.)"""
+    df = _late_null_in_node_1s_share(spark)
+    cluster = dataplane.run(spark, collective_loop_main, {"dir": str(tmp_path), "passes": 2, "fill_node": 0},
+                            num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    # a first call builds both datasets (from then on node 1 refuses a null array as it arrives)
     assert cluster.train(df.where("x IS NOT NULL").limit(2000), 1, feed_timeout=60).rows == 2000
     with pytest.raises(dataplane.SchemaError, match="column 'x' has 1 null value"):
         cluster.train(df, 1, feed_timeout=60)

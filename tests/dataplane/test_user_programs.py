@@ -1012,14 +1012,22 @@ def test_a_keras_fit_carries_on_after_a_train_call_whose_dataframe_failed(spark,
         _stop(cluster, pids)
 
 
-def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_call(spark, tmp_path):
+@pytest.mark.parametrize("fault", ["raise", "null"])
+def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_call(spark, tmp_path, fault):
     """Two MultiWorkerMirroredStrategy workers in one Keras fit(epochs=3); the train call's
-    second epoch fails (a UDF raising on a row once it is recomputed), so that
-    epoch ends with the rows that had arrived, shorter than fit's first. Keras stops a fit at
-    a pass shorter than its first epoch ("Your input ran out of data"): main used to return
-    there, and the user's next call, with the data fixed, was pushed to nobody and returned a
-    report of unconsumed rows. The cut pass now goes on with the next call's first epoch, and
-    fit trains all its 3 epochs, equal steps on both workers."""
+    second epoch fails, so that epoch ends with the rows that had arrived, shorter than fit's
+    first. ``raise``: a UDF raises on a row once it is recomputed. Keras stops a fit at a pass
+    shorter than its first epoch ("Your input ran out of data"): main used to return there,
+    and the user's next call, with the data fixed, was pushed to nobody and returned a report
+    of unconsumed rows. The cut pass now goes on with the next call's first epoch, and fit
+    trains all its 3 epochs, equal steps on both workers.
+
+    ``null``: the UDF returns a null instead, in worker 1's slice of its Arrow batch while
+    worker 0's slice is clean. Worker 1 used to refuse its chunk while worker 0 took its own
+    and yielded it, trusting the sibling chunk to follow: its pass ran 184 rows past the rows
+    worker 1 holds (the workers' passes differed; a loop with a collective per batch then
+    hangs, see test_faults). Now every worker refuses the whole batch (each chunk says which
+    columns hold nulls anywhere in its batch), and the passes stay equal."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import FloatType
 
@@ -1033,6 +1041,8 @@ def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_c
                 deadline = time.monotonic() + 60
                 while not begun.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
+                if fault == "null":
+                    return None
                 raise ValueError(f"no price for id {i}")
         return i / 1000
 
@@ -1052,10 +1062,12 @@ def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_c
 
     try:
         threading.Thread(target=mark_begun, daemon=True).start()
-        with pytest.raises(dataplane.FeedError) as info:
+        with pytest.raises(dataplane.SchemaError if fault == "null" else dataplane.FeedError) as info:
             cluster.train(df, 3, feed_timeout=FEED_TIMEOUT)
         assert begun.exists()
-        assert "pushing epoch 1 failed: PythonException: ValueError: no price for id 600" in str(info.value), info.value
+        expected = ("column 'f' has 1 null value(s) in a batch of partition 1 (epoch 1)" if fault == "null"
+                    else "pushing epoch 1 failed: PythonException: ValueError: no price for id 600")
+        assert expected in str(info.value), info.value
         report = cluster.train(fixed, 2, feed_timeout=FEED_TIMEOUT)
         assert report.rows == 1600 and report.epochs == [3, 4], report
         # a worker's 400 rows an epoch are 13 batches (the last of 16 rows), each of which
@@ -1066,6 +1078,7 @@ def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_c
         assert wait_json(tmp_path / "steps1.json", RETURNS_WITHIN) == [26, 26, 26]
         assert set(report.rows_unconsumed) <= {0, 1} and report.dropped_for_balance == 0, report
         assert not any("returned from main" in m for m in report.messages), report.messages
+        assert not any(m.get("overran_cut") for m in cluster.metrics().values())
     finally:
         _stop(cluster, pids)
 

@@ -116,6 +116,28 @@ def test_a_full_buffer_never_starves_the_other_worker(nodes):
         assert b.snapshot()["buffer_peak_bytes"] <= CAPACITY + _job(nodes).chunk_bytes
 
 
+def test_a_null_in_one_workers_slice_is_refused_by_every_worker(nodes):
+    """Batch 2 of the partition has a null id in its last rows, which fall in worker 1's
+    slice; worker 0's slice of it is clean. Both nodes refuse that batch at its first chunk,
+    so each holds exactly its share of batch 1, no more than the other (before: worker 0 took
+    its slice of batch 2 and, from the chunks' seen counts, could yield it, rows worker 1
+    never got)."""
+    from formats.errors import SchemaError
+
+    bufs = [b for b, _ in nodes]
+    for b in bufs:
+        b.expect_columns("train", ["id", "img"], [])
+    clean = _batch(0, 40)
+    dirty = _batch(40, 40)
+    ids = pa.array(list(range(40, 79)) + [None], pa.int64())
+    dirty = pa.RecordBatch.from_arrays([ids, dirty.column(1)], schema=_schema())
+    with pytest.raises(SchemaError, match=r"column 'id' has 1 null value\(s\) in a batch of partition 0 \(epoch 0\)"):
+        push_partition(iter([clean, dirty]), _job(nodes))
+    assert [b.epoch_rows(0) for b in bufs] == [20, 20]
+    for b in bufs:  # and no seen count promises the refused batch's rows
+        assert b.take(0, num_workers=2)[1] == 20
+
+
 def test_a_worker_leaving_the_epoch_is_sent_no_more_of_it(nodes):
     rows, batch, steps = 1200, 16, 3
     bufs = [b for b, _ in nodes]
