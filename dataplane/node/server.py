@@ -178,10 +178,7 @@ class NodeServer(flight.FlightServerBase):
                 except StopIteration:
                     return
                 tag = ChunkTag.decode(chunk.app_metadata)
-                if tag is None:
-                    yield chunk.data, None
-                else:
-                    yield chunk.data, tag.seen, tag.nulls
+                yield (chunk.data, None) if tag is None else (chunk.data, tag.seen, tag.nulls)
 
         try:
             rows = self.buffer.put_stream(epoch, partition, chunks())
