@@ -31,7 +31,10 @@ _SCRIPT = textwrap.dedent(
         spark = b.remote("local[2]").getOrCreate()
     else:
         spark = (b.master("local-cluster[2,1,1024]").config("spark.driver.host", "127.0.0.1")
-                 .config("spark.executor.memory", "512m").getOrCreate())
+                 .config("spark.executor.memory", "512m")
+                 # the executor JVMs as the tests' driver JVMs (tests/conftest.py): C1, serial GC
+                 .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+                 .getOrCreate())
     result = {"session": type(spark).__module__}
     with dataplane.run(spark, feed_main, {"dir": out, "batch_size": 50, "keep_ids": True}, num_nodes=2) as c:
         result["pids"] = [n.pid for n in c.nodes]
