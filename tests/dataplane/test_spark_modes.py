@@ -32,8 +32,9 @@ _SCRIPT = textwrap.dedent(
     else:
         spark = (b.master("local-cluster[2,1,1024]").config("spark.driver.host", "127.0.0.1")
                  .config("spark.executor.memory", "512m")
-                 # the executor JVMs as the tests' driver JVMs (tests/conftest.py): C1, serial GC
-                 .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+                 # the executor JVMs get the JIT and GC flags tests/conftest.py gives the driver's
+                 .config("spark.executor.extraJavaOptions", " ".join(
+                     o for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split() if o.startswith("-XX:")))
                  .getOrCreate())
     result = {"session": type(spark).__module__}
     with dataplane.run(spark, feed_main, {"dir": out, "batch_size": 50, "keep_ids": True}, num_nodes=2) as c:
