@@ -2,8 +2,12 @@
 
 A node removes its own work directory when it exits, but a node killed outright (SIGKILL, the
 kernel's OOM killer) cannot: its ``config.json`` (holding the cluster's secret), its payload and
-its cache's spill files (possibly gigabytes) would stay behind. So the detached launch step
-starts this script, which starts the node, waits for it and removes the directory after it.
+its cache's spill files (possibly gigabytes) would stay behind. So the launch step starts this
+script, which starts the node, waits for it and removes the directory after it.
+
+``reaper.py --detach CONFIG FD`` is the launch step's intermediate process: it starts the reaper
+in a session of its own and exits at once, so that neither the reaper nor the node is a child
+of the long-lived Spark worker (whose zombie they would become).
 
 Run by path with ``python -S`` (see :func:`dataplane.node.process.spawn_detached`): it imports
 only the standard library, so it costs a few MB per node, and its command line does not name
@@ -41,6 +45,21 @@ def reap(config_path: str, ready_fd: int) -> int:
     if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
         shutil.rmtree(workdir, ignore_errors=True)
     return code
+
+
+def detach(config_path: str, ready_fd: int) -> None:
+    """Start ``reaper.py CONFIG FD`` in a new session, its output in the node's log; return."""
+    workdir = os.path.dirname(config_path)
+    with open(os.path.join(workdir, "node.log"), "ab", buffering=0) as log:
+        subprocess.Popen(
+            [sys.executable, "-S", os.path.abspath(__file__), config_path, str(ready_fd)],
+            pass_fds=(ready_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def _end_left_behind(grace: float = 2.0) -> None:
@@ -81,4 +100,7 @@ def _end_left_behind(grace: float = 2.0) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--detach":
+        detach(sys.argv[2], int(sys.argv[3]))
+        sys.exit(0)
     sys.exit(reap(sys.argv[1], int(sys.argv[2])))
