@@ -7,9 +7,14 @@ import sys
 
 import pytest
 
-# Spark binds a non-loopback address unless told otherwise; executors' Python must be this venv.
+# Spark binds a non-loopback address unless told otherwise; executors' Python must be this venv's
+# packages: tests/executor_python.py says why it is a view of them less scikit-learn, SciPy and
+# matplotlib.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+if "PYSPARK_PYTHON" not in os.environ:
+    from tests import executor_python
+
+    os.environ["PYSPARK_PYTHON"] = executor_python.build() or sys.executable
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every JVM the tests start (this session's, and those of the CLIs, examples and Spark Connect
