@@ -10,14 +10,16 @@ hidden; the suite starts a few hundred TF nodes a stack, on 2 cores shared by bo
 
 So the executors run a venv whose site-packages holds a link to each entry of this one's but
 those three distributions' (nothing is copied or compiled again: the links share the packages'
-byte code). No product code or node main in the suite imports them; a node that did would fail
-with ModuleNotFoundError, not pass unnoticed. The view lives in a temporary folder for the
-session's life.
+byte code). No product code imports them, nor do the suite's own node mains; a node that did
+would fail with ModuleNotFoundError, not pass unnoticed. The examples are users' programs and
+their chiefs do load scikit-learn's digits (to evaluate): their tests run the executors on this
+venv itself (`full_python`). The view lives in a temporary folder for the session's life.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import sys
@@ -58,3 +60,17 @@ def build() -> str | None:
         if entry not in left_out:
             os.symlink(os.path.join(site, entry), os.path.join(view, entry))
     return os.path.join(root, "bin", "python")
+
+
+@contextlib.contextmanager
+def full_python(sc):
+    """Within the block, the Spark jobs (and so the TF nodes) that ``sc`` starts run this venv's
+    own Python, every package included. PySpark takes the executors' Python from
+    ``SparkContext.pythonExec`` for each function it ships, so the change holds from the next
+    job on; the workers already started for the view stay idle meanwhile."""
+    before = sc.pythonExec
+    sc.pythonExec = sys.executable
+    try:
+        yield
+    finally:
+        sc.pythonExec = before

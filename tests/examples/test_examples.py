@@ -19,6 +19,15 @@ FLOOR = 0.85
 MAX_CHANGED_LINES = 10
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _executors_with_every_package(spark):
+    """The examples' chiefs evaluate on scikit-learn's digits: see tests/executor_python.py."""
+    from tests.executor_python import full_python
+
+    with full_python(spark.sparkContext):
+        yield
+
+
 def changed_lines(before: Path, after: Path) -> int:
     """Lines changed between two files: a replaced block counts its longer side once."""
     a = before.read_text().splitlines()
