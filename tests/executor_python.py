@@ -33,8 +33,7 @@ DRIVER_ONLY = ("scikit-learn", "scipy", "matplotlib")
 
 def _top_level_entries(dist: metadata.Distribution) -> set[str]:
     """Names directly in site-packages that the distribution's RECORD installed."""
-    names = {p.parts[0] for p in dist.files or () if p.parts and p.parts[0] not in ("..", "__pycache__")}
-    return names
+    return {p.parts[0] for p in dist.files or () if p.parts[0] not in ("..", "__pycache__")}
 
 
 def build() -> str | None:
