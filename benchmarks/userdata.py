@@ -33,6 +33,9 @@ DATA_PATH_NAMES: dict[str, frozenset[str]] = {
     "push": frozenset({"flight-push", "spark-mapinarrow", "flight-raw", "node-buffer"}),
 }
 BATCH_SIZE = 1024
+# Counting the records of TFRecord files that no schema file counts reads the whole data set:
+# say so once it has taken this long (seconds), then how far it is at this interval.
+COUNT_PROGRESS = (2.0, 10.0)
 
 
 class DataError(ValueError):
@@ -313,10 +316,32 @@ def _parquet(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]:
     return plan, specs, lines, plan.num_rows
 
 
-def _tfrecord(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]:
+def _count_records(loc: Any, plan: Any, progress: Callable[[str], None]) -> int:
+    """Records in all of ``plan``'s files, every one read to its end (CRC-checked): silent for
+    a data set that counts quickly, otherwise lines on how far it is (``COUNT_PROGRESS``)."""
+    from feeders.tfrecord import count_records
+
+    first, every = COUNT_PROGRESS
+    files = list(plan.files)
+    start = last = time.monotonic()
+    total = 0
+    for i, path in enumerate(files, 1):
+        total += count_records(loc, path, plan.compression)
+        now = time.monotonic()
+        if i == len(files) or now - last < (every if last > start else first):
+            continue
+        if last == start:
+            progress(f"counting the records of {len(files):,} TFRecord files: the whole data set is read "
+                     f"once (a _tf_schema.json giving num_rows, as `dataplane export` writes, skips this)")
+        progress(f"  counted {i:,}/{len(files):,} files, {total:,} records, in {now - start:.0f} s")
+        last = now
+    return total
+
+
+def _tfrecord(spec: DataSpec, loc: Any, progress: Callable[[str], None]) -> tuple[Any, list[Any], list[str], int]:
     import dataclasses
 
-    from feeders.tfrecord import count_records, plan_tfrecord
+    from feeders.tfrecord import plan_tfrecord
 
     try:
         plan = plan_tfrecord(spec.url)
@@ -338,7 +363,7 @@ def _tfrecord(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]
         total = int(plan.schema_file.num_rows)
     else:
         try:
-            total = sum(count_records(loc, f, plan.compression) for f in plan.files)
+            total = _count_records(loc, plan, progress)
         except (OSError, ValueError) as exc:
             raise DataError(f"--data {spec.url}: {one_line(exc)}") from exc
     return plan, specs, lines, total
@@ -375,8 +400,10 @@ def _tensor_bytes(batch: Any) -> tuple[int, int]:
     return rows, nbytes
 
 
-def describe(spec: DataSpec, scenario: str) -> Described:
+def describe(spec: DataSpec, scenario: str, *, progress: Callable[[str], None] = lambda line: None) -> Described:
     """Check ``spec`` for ``scenario`` and say what the data set is (see the module doc).
+    ``progress`` gets a line now and then while a long count runs (TFRecord files that no
+    schema file counts are read to their ends).
 
     Raises:
         DataError: a bad URL, an unknown column, a shape that does not fit the rows, or data
@@ -400,7 +427,7 @@ def describe(spec: DataSpec, scenario: str) -> Described:
             + ("is Parquet (it starts with PAR1)" if seen == "parquet" else "is not Parquet")
             + f"; use `dataplane bench {other}` or `push` for this data"
         )
-    plan, specs, lines, total = (_parquet if seen == "parquet" else _tfrecord)(spec, loc)
+    plan, specs, lines, total = _parquet(spec, loc) if seen == "parquet" else _tfrecord(spec, loc, progress)
     rows = min(total, spec.limit) if spec.limit else total
     if rows < 1:
         raise DataError(f"--data {spec.url}: the data set has no rows")

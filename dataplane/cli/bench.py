@@ -215,7 +215,7 @@ def _run_on_data(args: argparse.Namespace) -> int:
             fill=userdata.parse_fill(args.fill),
         )
         with contextlib.redirect_stdout(sys.stderr):
-            described = userdata.describe(spec, args.scenario)
+            described = userdata.describe(spec, args.scenario, progress=progress.line)
     except userdata.DataError as exc:
         return _fail(args, str(exc))
     progress.line(userdata.header(described))

@@ -490,3 +490,28 @@ def test_push_with_fill_gives_the_nodes_the_values(spark, tmp_path):
             if p.close is not None:
                 p.close()
         env.release()
+
+
+def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_path, monkeypatch):
+    """The count reads every file to its end; past COUNT_PROGRESS's first mark it says so and
+    how far it is, file by file here (both marks at 0), and a quick count prints nothing."""
+    import shutil
+
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    names = sorted(p.name for p in (files / "tfrecord").iterdir() if p.name != "_tf_schema.json")
+    assert len(names) == 3, names
+    for name in names:
+        shutil.copy(files / "tfrecord" / name, rec / name)
+    lines: list[str] = []
+    d = userdata.describe(userdata.DataSpec(str(rec)), "pull-tfrecord", progress=lines.append)
+    assert d.total_rows == ROWS and lines == []
+    monkeypatch.setattr(userdata, "COUNT_PROGRESS", (0.0, 0.0))
+    d = userdata.describe(userdata.DataSpec(str(rec), limit=LIMIT), "pull-tfrecord", progress=lines.append)
+    assert (d.total_rows, d.rows) == (ROWS, LIMIT)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("counting the records of 3 TFRecord files: the whole data set is read once")
+    assert "_tf_schema.json giving num_rows" in lines[0]
+    counted = [int(line.split(", ")[1].split()[0].replace(",", "")) for line in lines[1:]]
+    assert [line.split(" files")[0].strip() for line in lines[1:]] == ["counted 1/3", "counted 2/3"]
+    assert counted[0] < counted[1] < ROWS, lines
