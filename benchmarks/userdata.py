@@ -324,15 +324,17 @@ def _count_records(loc: Any, plan: Any, progress: Callable[[str], None]) -> int:
     first, every = COUNT_PROGRESS
     files = list(plan.files)
     start = last = time.monotonic()
+    said = False  # the first line, once the count has taken `first` seconds
     total = 0
     for i, path in enumerate(files, 1):
         total += count_records(loc, path, plan.compression)
         now = time.monotonic()
-        if i == len(files) or now - last < (every if last > start else first):
+        if i == len(files) or now - last < (every if said else first):
             continue
-        if last == start:
+        if not said:
             progress(f"counting the records of {len(files):,} TFRecord files: the whole data set is read "
                      f"once (a _tf_schema.json giving num_rows, as `dataplane export` writes, skips this)")
+            said = True
         progress(f"  counted {i:,}/{len(files):,} files, {total:,} records, in {now - start:.0f} s")
         last = now
     return total
