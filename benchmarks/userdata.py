@@ -33,9 +33,11 @@ DATA_PATH_NAMES: dict[str, frozenset[str]] = {
     "push": frozenset({"flight-push", "spark-mapinarrow", "flight-raw", "node-buffer"}),
 }
 BATCH_SIZE = 1024
-# Counting the records of TFRecord files that no schema file counts reads the whole data set:
-# say so once it has taken this long (seconds), then how far it is at this interval.
-COUNT_PROGRESS = (2.0, 10.0)
+# Describing a data set reads every Parquet footer, and counting the records of TFRecord files
+# that no schema file counts reads the whole data set: on many files (on S3 above all) either
+# takes a while. Once it has taken this long (seconds) say what it is doing, then how far it
+# is at this interval.
+PROGRESS = (2.0, 10.0)
 
 
 class DataError(ValueError):
@@ -295,12 +297,43 @@ def _spec_line(s: Any, arrow: Any = None, spec: DataSpec | None = None) -> str:
     return f"{s.name}: {source}tf.{s.dtype} {shape}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _parquet(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]:
+class _Progress:
+    """Silent while the work is quick; once it has taken ``PROGRESS``'s first mark, a line on
+    what it does, then one on how far it is every ``PROGRESS``'s second mark."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._start = self._last = time.monotonic()
+        self._said = False
+
+    def due(self) -> float | None:
+        """Seconds since the start when a line is due now, else None."""
+        first, every = PROGRESS
+        now = time.monotonic()
+        return now - self._start if now - self._last >= (every if self._said else first) else None
+
+    def say(self, head: str, line: str) -> None:
+        if not self._said:
+            self._say(head)
+            self._said = True
+        self._say(line)
+        self._last = time.monotonic()
+
+
+def _parquet(spec: DataSpec, loc: Any, progress: Callable[[str], None]) -> tuple[Any, list[Any], list[str], int]:
     from feeders.parquet import plan_parquet
     from formats.schema import column_specs
 
+    shown = _Progress(progress)
+
+    def on_footer(done: int, files: int) -> None:
+        took = shown.due() if done < files else None
+        if took is not None:
+            shown.say(f"reading the footers of {files:,} Parquet files (schema, rows, null counts)",
+                      f"  read {done:,}/{files:,} footers in {took:.0f} s")
+
     try:
-        plan = plan_parquet(spec.url)
+        plan = plan_parquet(spec.url, on_footer=on_footer)
     except (OSError, ValueError) as exc:
         raise DataError(f"--data {spec.url}: {one_line(exc)}") from exc
     names = list(plan.schema.names)
@@ -318,25 +351,19 @@ def _parquet(spec: DataSpec, loc: Any) -> tuple[Any, list[Any], list[str], int]:
 
 def _count_records(loc: Any, plan: Any, progress: Callable[[str], None]) -> int:
     """Records in all of ``plan``'s files, every one read to its end (CRC-checked): silent for
-    a data set that counts quickly, otherwise lines on how far it is (``COUNT_PROGRESS``)."""
+    a data set that counts quickly, otherwise lines on how far it is (``PROGRESS``)."""
     from feeders.tfrecord import count_records
 
-    first, every = COUNT_PROGRESS
     files = list(plan.files)
-    start = last = time.monotonic()
-    said = False  # the first line, once the count has taken `first` seconds
+    shown = _Progress(progress)
     total = 0
     for i, path in enumerate(files, 1):
         total += count_records(loc, path, plan.compression)
-        now = time.monotonic()
-        if i == len(files) or now - last < (every if said else first):
-            continue
-        if not said:
-            progress(f"counting the records of {len(files):,} TFRecord files: the whole data set is read "
-                     f"once (a _tf_schema.json giving num_rows, as `dataplane export` writes, skips this)")
-            said = True
-        progress(f"  counted {i:,}/{len(files):,} files, {total:,} records, in {now - start:.0f} s")
-        last = now
+        took = shown.due() if i < len(files) else None
+        if took is not None:
+            shown.say(f"counting the records of {len(files):,} TFRecord files: the whole data set is read "
+                      f"once (a _tf_schema.json giving num_rows, as `dataplane export` writes, skips this)",
+                      f"  counted {i:,}/{len(files):,} files, {total:,} records, in {took:.0f} s")
     return total
 
 
@@ -404,8 +431,8 @@ def _tensor_bytes(batch: Any) -> tuple[int, int]:
 
 def describe(spec: DataSpec, scenario: str, *, progress: Callable[[str], None] = lambda line: None) -> Described:
     """Check ``spec`` for ``scenario`` and say what the data set is (see the module doc).
-    ``progress`` gets a line now and then while a long count runs (TFRecord files that no
-    schema file counts are read to their ends).
+    ``progress`` gets a line now and then while a long step runs (many Parquet footers read;
+    TFRecord files that no schema file counts read to their ends).
 
     Raises:
         DataError: a bad URL, an unknown column, a shape that does not fit the rows, or data
@@ -429,7 +456,7 @@ def describe(spec: DataSpec, scenario: str, *, progress: Callable[[str], None] =
             + ("is Parquet (it starts with PAR1)" if seen == "parquet" else "is not Parquet")
             + f"; use `dataplane bench {other}` or `push` for this data"
         )
-    plan, specs, lines, total = _parquet(spec, loc) if seen == "parquet" else _tfrecord(spec, loc, progress)
+    plan, specs, lines, total = _parquet(spec, loc, progress) if seen == "parquet" else _tfrecord(spec, loc, progress)
     rows = min(total, spec.limit) if spec.limit else total
     if rows < 1:
         raise DataError(f"--data {spec.url}: the data set has no rows")

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -262,8 +262,12 @@ def plan_parquet(
     columns: Sequence[str] | None = None,
     shard: Any = None,
     filesystem: Any = None,
+    on_footer: Callable[[int, int], None] | None = None,
 ) -> ParquetPlan:
     """List the files, read and check their footers, and choose this shard's units.
+
+    ``on_footer(done, files)`` is called in this thread as the footers arrive (each file's
+    one S3 or HDFS round trip or two), for a caller that shows how far planning is.
 
     Raises:
         StorageError: the path does not exist, cannot be read, or a file is not Parquet.
@@ -276,8 +280,12 @@ def plan_parquet(
     if len(files) == 1:
         metas = [_read_footer(loc, files[0])]
     else:
+        metas = []
         with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-            metas = list(pool.map(lambda p: _read_footer(loc, p), files))
+            for meta in pool.map(lambda p: _read_footer(loc, p), files):
+                metas.append(meta)
+                if on_footer is not None:
+                    on_footer(len(metas), len(files))
     if shard_t is not None:
         files, metas = _agreed_listing(loc, files, metas, shard)
     first = parquet_arrow_schema(metas[0])

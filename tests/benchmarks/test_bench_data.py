@@ -493,7 +493,7 @@ def test_push_with_fill_gives_the_nodes_the_values(spark, tmp_path):
 
 
 def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_path, monkeypatch):
-    """The count reads every file to its end; past COUNT_PROGRESS's first mark it says so and
+    """The count reads every file to its end; past PROGRESS's first mark it says so and
     how far it is, file by file here (both marks at 0), and a quick count prints nothing."""
     import shutil
 
@@ -506,7 +506,7 @@ def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_
     lines: list[str] = []
     d = userdata.describe(userdata.DataSpec(str(rec)), "pull-tfrecord", progress=lines.append)
     assert d.total_rows == ROWS and lines == []
-    monkeypatch.setattr(userdata, "COUNT_PROGRESS", (0.0, 0.0))
+    monkeypatch.setattr(userdata, "PROGRESS", (0.0, 0.0))
     d = userdata.describe(userdata.DataSpec(str(rec), limit=LIMIT), "pull-tfrecord", progress=lines.append)
     assert (d.total_rows, d.rows) == (ROWS, LIMIT)
     assert len(lines) == 3, lines
@@ -515,3 +515,18 @@ def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_
     counted = [int(line.split(", ")[1].split()[0].replace(",", "")) for line in lines[1:]]
     assert [line.split(" files")[0].strip() for line in lines[1:]] == ["counted 1/3", "counted 2/3"]
     assert counted[0] < counted[1] < ROWS, lines
+
+
+def test_reading_many_parquet_footers_says_how_far_it_is(files, monkeypatch):
+    """Describing a Parquet data set reads every file's footer (a round trip or two each on S3):
+    past PROGRESS's first mark it says so and how far it is, file by file here (both marks at
+    0); a quick one prints nothing, and the description is the same either way."""
+    lines: list[str] = []
+    quick = userdata.describe(userdata.DataSpec(str(files / "parquet")), "pull-parquet", progress=lines.append)
+    assert quick.total_rows == ROWS and lines == []
+    monkeypatch.setattr(userdata, "PROGRESS", (0.0, 0.0))
+    d = userdata.describe(userdata.DataSpec(str(files / "parquet")), "pull-parquet", progress=lines.append)
+    assert (d.total_rows, d.schema_lines) == (ROWS, quick.schema_lines)
+    assert lines[0] == "reading the footers of 3 Parquet files (schema, rows, null counts)", lines
+    assert [line.split(" in ")[0] for line in lines[1:]] == ["  read 1/3 footers", "  read 2/3 footers"], lines
+    assert all(line.endswith(" s") for line in lines[1:]), lines
