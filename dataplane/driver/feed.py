@@ -76,8 +76,11 @@ class FeedReport:
         carried_out: rows of this micro-batch past the balanced count, held back on the
             workers for the next one. consumed + ``rows_unconsumed`` + ``dropped_for_balance``
             + ``carried_out`` = ``rows`` + ``carried_in``.
-        epochs: epoch ids used for this feed.
-        messages: notes for the user (e.g. a node that stopped consuming early).
+        epochs: epoch ids used for this feed. Ids count on over the cluster's calls, and a
+            call's train and validation epochs take turns (``train(df, 3, validation=v)`` as
+            a cluster's first call: train 0, 2, 4; validation 1, 3, 5).
+        messages: notes for the user (e.g. a node that stopped consuming early). They name an
+            epoch by its id, its split and its place in the call: ``epoch 4 (train, 3 of 3)``.
     """
 
     rows: int
@@ -121,6 +124,17 @@ class _EpochBooks:
     carry: bool = False  # a stream's micro-batch: rows past the limit are held back, not dropped
     carried_in: dict[int, int] = field(default_factory=dict)  # node -> rows it begins with
     withdrawn: bool = False  # a failed call took it back before any worker yielded from it (Feeder._abort)
+    nth: int = 1  # its place among its call's epochs of its split (1-based) ...
+    of: int = 1  # ... of this many (train(num_epochs=...))
+
+    @property
+    def name(self) -> str:
+        """How the driver's messages name it: the id (``FeedReport.epochs``; ids count on over
+        the cluster's calls, a call's train and validation epochs interleaved), the split and
+        its place in the call, since "epoch 4" alone reads as the user's 5th epoch."""
+        if self.carry:  # a stream's micro-batch: a call of one epoch
+            return f"epoch {self.epoch} ({self.split})"
+        return f"epoch {self.epoch} ({self.split}, {self.nth} of {self.of})"
 
 
 @dataclass
@@ -172,7 +186,7 @@ def _empty_message(split: str, stream: bool = False) -> str:
 
 def _too_few_message(ep: "_EpochBooks", pushed: int) -> str:
     return (
-        f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} workers "
+        f"{ep.name}: its {pushed} row(s) over {len(ep.workers)} workers "
         f"leave some worker none, so every worker yielded none (each yields the smallest "
         f"worker's share); push at least one row per worker."
     )
@@ -467,7 +481,7 @@ class Feeder:
         for e in range(num_epochs):
             for sp in splits:
                 ep = _EpochBooks(self._epoch, list(workers), sp.name, sp, balance=balance,
-                                 carry=carry, carried_in=dict(carried_in))
+                                 carry=carry, carried_in=dict(carried_in), nth=e + 1, of=num_epochs)
                 self._epoch += 1
                 if sp.name in caches:
                     cid, recorded = caches[sp.name]
@@ -668,7 +682,7 @@ class Feeder:
     def _push_epoch(self, ep: _EpochBooks, report: FeedReport, clock: FeedClock) -> None:
         sp = ep.source
         what = (f"pushing the stream's micro-batch (epoch {ep.epoch})" if ep.carry else
-                f"pushing {'' if ep.split == 'train' else 'validation '}epoch {ep.epoch}")
+                f"pushing {ep.name}")
         held = tuple(ep.carried_in.get(n.node_id, 0) for n in ep.workers) if ep.carry else None
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch, what=what, clock=clock,
                               why_late=lambda: self._unread(ep), held=held)
@@ -721,7 +735,7 @@ class Feeder:
             if err is not None:
                 raise err
             if clock.expired():
-                raise feed_timeout_error(f"replaying epoch {ep.epoch}", clock.timeout)
+                raise feed_timeout_error(f"replaying {ep.name}", clock.timeout)
             time.sleep(0.05)
         recorded = self._caches[ep.split].assigned
         ep.assigned = {n.node_id: recorded.get(n.node_id, rows[n.node_id]) for n in ep.workers}
@@ -765,12 +779,12 @@ class Feeder:
             raise err
         if failed:
             raise FeedError(
-                f"epoch {ep.epoch}: the main of node(s) {failed} raised while data was being "
+                f"{ep.name}: the main of node(s) {failed} raised while data was being "
                 f"pushed (its traceback has not reached the driver yet; cluster.shutdown() "
                 f"reports it)."
             )
         nid, why = broken[0]
-        raise FeedError(f"epoch {ep.epoch} ({ep.split}): node {nid}'s pass over it failed: {why}")
+        raise FeedError(f"{ep.name}: node {nid}'s pass over it failed: {why}")
 
     def _settle(self, books: list[_EpochBooks], report: FeedReport, clock: FeedClock) -> None:
         """Wait until every worker's pass over each pushed epoch has ended, then account for
@@ -780,15 +794,15 @@ class Feeder:
         # (cause, nodes) -> the epoch whose note explained it: a 10-epoch fit that
         # EarlyStopping ended leaves up to 18 epochs unread for one reason, and the reason is
         # given once per call; the later epochs' notes are one line that points back to it
-        explained: dict[tuple[str, tuple[int, ...]], int] = {}
+        explained: dict[tuple[str, tuple[int, ...]], str] = {}
 
         def note(msg: str, level: int, cause: str = "", nodes: Sequence[int] = (), short: str = "") -> None:
             if cause:
                 key = (cause, tuple(sorted(nodes)))
                 if key in explained:
-                    msg, level = f"{short} (the note on epoch {explained[key]} says why).", logging.INFO
+                    msg, level = f"{short} (the note on {explained[key]} says why).", logging.INFO
                 else:
-                    explained[key] = ep.epoch
+                    explained[key] = ep.name
             report.messages.append(msg)
             logger.log(level, msg)
 
@@ -817,12 +831,12 @@ class Feeder:
                 no_reader = _without_dataset(states, blamed, ep.split) if expired else ""
                 if no_reader:
                     raise FeedError(
-                        f"epoch {ep.epoch} ({ep.split}) was pushed, but nothing moved for "
+                        f"{ep.name} was pushed, but nothing moved for "
                         f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). {no_reader}"
                     )
                 if expired:
                     raise FeedError(
-                        f"epoch {ep.epoch} ({ep.split}) was pushed, but node(s) "
+                        f"{ep.name} was pushed, but node(s) "
                         f"{blamed} stopped reading it: nothing moved for "
                         f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). A program that reads fewer epochs than "
                         f"train(num_epochs=...) pushes (a fit ended early by EarlyStopping, "
@@ -840,20 +854,20 @@ class Feeder:
             pushed = sum(ep.assigned.values())
             if pushed == 0 and ep.split not in empty:
                 empty.add(ep.split)
-                msg = f"epoch {ep.epoch} ({ep.split}): {_empty_message(ep.split, ep.carry)}"
+                msg = f"{ep.name}: {_empty_message(ep.split, ep.carry)}"
                 report.messages.append(msg)
                 logger.warning(msg)
             starved = ep.balance and ep.limit == 0 and pushed and len(ep.reading) > 1 and not ep.carry
             if starved:
                 note(_too_few_message(ep, pushed), logging.WARNING, f"too few {ep.split}", ep.reading,
-                     f"epoch {ep.epoch} ({ep.split}): its {pushed} row(s) over {len(ep.workers)} "
+                     f"{ep.name}: its {pushed} row(s) over {len(ep.workers)} "
                      f"workers leave some worker none")
             for n in ep.workers:
                 nid, st = n.node_id, states[n.node_id]
                 assigned = ep.assigned.get(nid, 0)
                 if st.rows > assigned:
                     raise FeedError(
-                        f"epoch {ep.epoch}: node {nid} received {st.rows} rows but the pushing "
+                        f"{ep.name}: node {nid} received {st.rows} rows but the pushing "
                         f"tasks assigned it {assigned}; rows were duplicated."
                     )
                 # a pushed epoch's rows as the node counts them; a replay's: its cache
@@ -865,7 +879,7 @@ class Feeder:
                 if nid in ep.reading and st.complete:
                     if st.carried_in != carried_in:
                         raise FeedError(
-                            f"epoch {ep.epoch}: node {nid} began with {st.carried_in} rows held "
+                            f"{ep.name}: node {nid} began with {st.carried_in} rows held "
                             f"back from the last micro-batch, but the driver counted "
                             f"{carried_in}; this is a bug."
                         )
@@ -887,20 +901,19 @@ class Feeder:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
             if ep.carry:
                 self._carry = _Carry(ep.epoch, ep.source.schema, ep.source.shapes, carried)
-            tag = f"epoch {ep.epoch}" + (" (validation)" if ep.split == "validation" else "")
             # (passes that yield nothing anyway, left unread)
             unread_empty = {**returned, **left_early} if starved else {}
             if unread_empty:
                 left_early = {}
                 # Keras skips the later passes of a split whose first pass yielded nothing: not
                 # a skipped validation or a main that stopped reading, so not said as one
-                note(f"{tag}: node(s) {sorted(unread_empty)} did not read it; its "
+                note(f"{ep.name}: node(s) {sorted(unread_empty)} did not read it; its "
                      f"{sum(unread_empty.values())} row(s) were not consumed (every worker's pass "
                      f"over it is empty, see above; Keras skips the later passes of a split "
                      f"whose pass yielded no batch).", logging.INFO)
             elif returned:
                 msg = (
-                    f"{tag}: node(s) {sorted(returned)} returned from main while data "
+                    f"{ep.name}: node(s) {sorted(returned)} returned from main while data "
                     f"was still being pushed; {sum(returned.values())} row(s) were not consumed"
                 )
                 unread = all(states[nid].emitted == 0 for nid in returned)
@@ -946,7 +959,7 @@ class Feeder:
                 note(msg, logging.WARNING, cause, returned, short)
             if ended:
                 msg = (
-                    f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(ended)} ended their feed "
+                    f"{ep.name}: node(s) {sorted(ended)} ended their feed "
                     f"(ctx.end_feed(), ctx.wait_stop() or ctx.serve()); {sum(ended.values())} "
                     f"row(s) were refused."
                 )
@@ -954,7 +967,7 @@ class Feeder:
                 logger.info(msg)
             if remainders:
                 msg = (
-                    f"epoch {ep.epoch} ({ep.split}): node(s) {sorted(remainders)} dropped the "
+                    f"{ep.name}: node(s) {sorted(remainders)} dropped the "
                     f"last partial batch of the pass (ctx.dataset(drop_remainder=True)): "
                     f"{sum(remainders.values())} row(s) not read."
                 )
@@ -963,7 +976,7 @@ class Feeder:
             if left_early and ep.split == "validation" and all(
                     states[nid].emitted == 0 for nid in left_early):
                 msg = (
-                    f"epoch {ep.epoch} (validation): node(s) {sorted(left_early)} began their "
+                    f"{ep.name}: node(s) {sorted(left_early)} began their "
                     f"next training pass without reading it, so its "
                     f"{sum(left_early.values())} row(s) were refused"
                 )
@@ -973,7 +986,7 @@ class Feeder:
                      logging.INFO, "validation skipped", left_early, msg)
             elif left_early:
                 msg = (
-                    f"epoch {ep.epoch}: node(s) {sorted(left_early)} ended their pass early; the "
+                    f"{ep.name}: node(s) {sorted(left_early)} ended their pass early; the "
                     f"remaining {sum(left_early.values())} row(s) were not sent to them."
                 )
                 report.messages.append(msg)

@@ -65,3 +65,10 @@ def node_workdirs(cluster_id: str, node: str = "*") -> list[str]:
 
     roots = dict.fromkeys([tempfile.gettempdir(), "/tmp"])
     return sorted(p for r in roots for p in glob.glob(os.path.join(r, f"dataplane-{cluster_id}-node{node}-*")))
+
+
+def epoch_name(report, i: int, splits: tuple[str, ...] = ("train",)) -> str:  # type: ignore[no-untyped-def]
+    """How the driver's messages name ``report.epochs[i]``: its id, its split and its place in
+    the call (a call's epochs go train, validation, train, ... when ``splits`` has both)."""
+    k = len(splits)
+    return f"epoch {report.epochs[i]} ({splits[i % k]}, {i // k + 1} of {len(report.epochs) // k})"

@@ -146,7 +146,7 @@ def test_data_notes_name_an_empty_pass_only_when_there_was_one():
 
     train = _Split("train", None, None, b"", {}, rows=None)  # no array column: not scanned
     assert _empty_notes([train], [books({0: 1, 1: 0}, 0, {0, 1})]) == [
-        "epoch 3 (train): its 1 row(s) over 2 workers leave some worker none, so every worker "
+        "epoch 3 (train, 1 of 1): its 1 row(s) over 2 workers leave some worker none, so every worker "
         "yielded none (each yields the smallest worker's share); push at least one row per worker."]
     # both workers left the epoch early (take(k), then the main failed): nothing about the data
     assert _empty_notes([train], [books({0: 50, 1: 50}, 0, set())]) == []

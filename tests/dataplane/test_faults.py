@@ -635,7 +635,7 @@ def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tm
             cluster.train(make_df(spark, 3000, 2), num_epochs=1, feed_timeout=3)
         assert 3 <= time.monotonic() - t0 < 30
         text = str(info.value)
-        assert "pushing epoch 2: no row moved into or out of any node for feed_timeout=3 s" in text, text
+        assert "pushing epoch 2 (train, 1 of 1): no row moved into or out of any node for feed_timeout=3 s" in text, text
         assert "Node(s) [0] read none of it while their main still runs" in text, text
     finally:
         cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
@@ -649,7 +649,7 @@ def test_a_main_that_never_builds_its_dataset_is_told_so_not_as_having_stopped_r
     cluster = dataplane.run(spark, idle_main, {}, num_nodes=2, buffer_bytes=64 * 1024,
                             max_chunk_bytes=16 * 1024)
     try:
-        for rows, head in ((500, "epoch 0 (train) was pushed, but nothing moved for feed_timeout=4 s"),
+        for rows, head in ((500, "epoch 0 (train, 1 of 1) was pushed, but nothing moved for feed_timeout=4 s"),
                            (40_000, "no row moved into or out of any node for feed_timeout=4 s")):
             t0 = time.monotonic()
             with pytest.raises(dataplane.FeedError) as info:
@@ -734,7 +734,7 @@ def test_a_main_failing_on_a_pass_without_rows_is_told_why(spark, rows):
     else:
         assert "Unexpected result of `train_function` (Empty logs)" in text
         assert text.endswith(
-            "The data may be why: epoch 0 (train): its 1 row(s) over 2 workers leave some worker "
+            "The data may be why: epoch 0 (train, 1 of 1): its 1 row(s) over 2 workers leave some worker "
             "none, so every worker yielded none (each yields the smallest worker's share); push "
             "at least one row per worker.")
     wait_gone(pids, 15)

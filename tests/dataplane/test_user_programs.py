@@ -21,7 +21,7 @@ import pytest
 import dataplane
 from dataplane.driver.pushjob import TASKS_PER_SLOT
 from dataplane.errors import NodeError
-from tests.dataplane.clusterutil import node_processes, wait_gone, wait_json
+from tests.dataplane.clusterutil import epoch_name, node_processes, wait_gone, wait_json
 
 pytestmark = pytest.mark.cluster
 
@@ -327,7 +327,7 @@ def test_drop_remainder_on_two_workers_pushed_then_cached(spark, tmp_path):
                     in report.messages) is not cache, report.messages
             notes = [m for m in report.messages if "drop_remainder=True" in m]
             assert notes == [
-                f"epoch {report.epochs[e]} (train): node(s) {sorted(workers)} dropped the last "
+                f"{epoch_name(report, e)}: node(s) {sorted(workers)} dropped the last "
                 f"partial batch of the pass (ctx.dataset(drop_remainder=True)): {tails[e]} row(s) "
                 f"not read." for e in range(2)], report.messages
     finally:
@@ -408,14 +408,14 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
                 assert len(empty) == 2 and "its 1 row(s) over 2 workers" in empty[0], report.messages
                 # said in full once; the second epoch points back to it
                 assert "push at least one row per worker" in empty[0], report.messages
-                assert empty[1] == (f"epoch {report.epochs[1]} (train): its 1 row(s) over 2 workers "
-                                    f"leave some worker none (the note on epoch {report.epochs[0]} "
+                assert empty[1] == (f"{epoch_name(report, 1)}: its 1 row(s) over 2 workers "
+                                    f"leave some worker none (the note on {epoch_name(report, 0)} "
                                     f"says why)."), report.messages
             else:
                 assert empty == [], report.messages
             if rows == 0:  # said once for the call, not once per epoch
                 assert handed == 0 and report.rows_unconsumed == {}, report
-                assert no_rows == [f"epoch {report.epochs[0]} (train): the DataFrame given to "
+                assert no_rows == [f"{epoch_name(report, 0)}: the DataFrame given to "
                                    f"train(df) has no rows, so every worker's pass over it is "
                                    f"empty; check the filters or joins that built it."], report.messages
             else:
@@ -434,10 +434,10 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
         # epochs 1 and 2 were never read at all: the message says why that happens (and does
         # not offer cache=True, which this call already used)
         assert [m.split(":")[0] for m in returned if "read fewer passes than train(num_epochs=...)" in m] == [
-            f"epoch {report.epochs[1]}", f"epoch {report.epochs[2]}"], report.messages
+            epoch_name(report, 1), epoch_name(report, 2)], report.messages
         # the first says it in full; the second, unread for the same reason, points back to it
         assert "a fit that EarlyStopping ended" in returned[0], returned
-        assert returned[1].endswith(f"(the note on epoch {report.epochs[1]} says why)."), returned
+        assert returned[1].endswith(f"(the note on {epoch_name(report, 1)} says why)."), returned
         assert not any("use train(..., cache=True)" in m for m in returned), report.messages
     finally:
         _stop(cluster, pids)
@@ -469,11 +469,11 @@ def test_tensorflow_cache_over_the_feed_reads_one_pushed_epoch(spark, tmp_path):
         # points back to it instead of repeating the paragraph
         e = report.epochs
         hints = [m for m in report.messages if "Dataset.cache()" in m and "cache=True" in m]
-        assert [m.split(":")[0] for m in hints] == [f"epoch {e[1]}"], report.messages
-        assert [m for m in report.messages if m.startswith(f"epoch {e[2]}:")] == [
-            f"epoch {e[2]}: node(s) {sorted(workers)} returned from main while data was still being "
+        assert [m.split(":")[0] for m in hints] == [epoch_name(report, 1)], report.messages
+        assert [m for m in report.messages if m.startswith(f"epoch {e[2]} ")] == [
+            f"{epoch_name(report, 2)}: node(s) {sorted(workers)} returned from main while data was still being "
             f"pushed; {rows} row(s) were not consumed: their main read fewer passes than "
-            f"train(num_epochs=...) pushed (the note on epoch {e[1]} says why)."], report.messages
+            f"train(num_epochs=...) pushed (the note on {epoch_name(report, 1)} says why)."], report.messages
     finally:
         _stop(cluster, pids)
 
@@ -529,7 +529,7 @@ def test_main_never_reading_the_validation_split_is_told_so(spark, tmp_path):
     assert "leave validation= out of train()" in returned[0]
     if len(returned) == 2:
         assert returned[1].endswith(f"their main never read ctx.dataset(split='validation') "
-                                    f"(the note on epoch {e[1]} says why)."), returned
+                                    f"(the note on {epoch_name(report, 1, ('train', 'validation'))} says why)."), returned
     assert all("split='validation'" in m for m in notes.values()), report.messages
     assert not any("fewer passes" in m for m in report.messages), report.messages
 
@@ -683,7 +683,7 @@ def test_keras_validation_freq_then_early_stopping_with_a_validation_split_never
         first, later = [m for m in report.messages if "began their next training pass" in m]
         assert f"node(s) {sorted(workers)} began their next training pass" in first
         assert "fit(validation_freq=k)" in first, report.messages
-        assert later.endswith(f"(the note on epoch {e[1]} says why)."), report.messages
+        assert later.endswith(f"(the note on {epoch_name(report, 1, ('train', 'validation'))} says why)."), report.messages
         assert sum(report.rows_unconsumed.values()) == 2 * val_rows, report
 
         # one stream over the pushed epochs, whose fit epochs (25 steps) do not line up with the
@@ -816,24 +816,27 @@ def test_early_stopping_with_validation_then_main_returning_is_told_so(spark, tm
         assert handed == 2 * (rows + val_rows) and report.rows_unconsumed == {0: 2 * (rows + val_rows)}, report
         e = report.epochs  # train, validation, train, ...
         notes = {m.split(":")[0]: m for m in report.messages}
-        assert set(notes) == {f"epoch {x}" for x in e[4::2]} | {f"epoch {x} (validation)" for x in e[5::2]}, report.messages
+        # named by id, split and place in the call: "epoch 6 (train, 4 of 4)", not the user's 7th
+        name = {x: epoch_name(report, x, ("train", "validation")) for x in range(len(e))}
+        assert name[4] == f"epoch {e[4]} (train, 3 of 4)" and name[7] == f"epoch {e[7]} (validation, 4 of 4)"
+        assert set(notes) == {name[x] for x in range(4, 8)}, report.messages
         # the first unread epoch of each split says why; the later one points back to it (a
         # 10-epoch EarlyStopping run printed the same paragraph 16 times)
-        first, later = e[4], e[6]
-        assert "read fewer passes than train(num_epochs=...) pushed: a fit that EarlyStopping ended" in notes[f"epoch {first}"]
+        first, later = name[4], name[6]
+        assert "read fewer passes than train(num_epochs=...) pushed: a fit that EarlyStopping ended" in notes[first]
         # (a sweep's fit(steps_per_epoch=) without repeat=True was told only the other causes)
-        assert "fit(steps_per_epoch=...) on a dataset without repeat=True" in notes[f"epoch {first}"]
-        assert notes[f"epoch {later}"] == (
-            f"epoch {later}: node(s) [0] returned from main while data was still being pushed; "
+        assert "fit(steps_per_epoch=...) on a dataset without repeat=True" in notes[first]
+        assert notes[later] == (
+            f"{later}: node(s) [0] returned from main while data was still being pushed; "
             f"{rows} row(s) were not consumed: their main read fewer passes than "
-            f"train(num_epochs=...) pushed (the note on epoch {first} says why)."), report.messages
-        assert notes[f"epoch {e[5]} (validation)"].endswith(
+            f"train(num_epochs=...) pushed (the note on {first} says why)."), report.messages
+        assert notes[name[5]].endswith(
             "Their main had read earlier validation epochs: its fit ended before "
             "train(num_epochs=...)'s last epochs (EarlyStopping, or fit(epochs=) below num_epochs)."), report.messages
-        assert notes[f"epoch {e[7]} (validation)"] == (
-            f"epoch {e[7]} (validation): node(s) [0] returned from main while data was still being "
+        assert notes[name[7]] == (
+            f"{name[7]}: node(s) [0] returned from main while data was still being "
             f"pushed; {val_rows} row(s) were not consumed: their fit ended before "
-            f"train(num_epochs=...)'s last epochs (the note on epoch {e[5]} says why)."), report.messages
+            f"train(num_epochs=...)'s last epochs (the note on {name[5]} says why)."), report.messages
     finally:
         _stop(cluster, pids)
 
@@ -873,14 +876,15 @@ def test_a_validation_split_of_fewer_rows_than_workers_is_named_once_not_as_unre
         for n in workers:  # three training epochs, and no validation result at all
             assert wait_json(tmp_path / f"node{n}-tiny.json") == {"loss": 3}
         e = report.epochs  # train, validation, ...
+        name = {x: epoch_name(report, x, ("train", "validation")) for x in range(len(e))}
         assert report.messages[0] == (
-            f"epoch {e[1]} (validation): its 1 row(s) over 2 workers leave some worker none, so "
+            f"{name[1]}: its 1 row(s) over 2 workers leave some worker none, so "
             f"every worker yielded none (each yields the smallest worker's share); push at least "
             f"one row per worker."), report.messages
-        for x in (e[3], e[5]):
-            mine = [m for m in report.messages if m.startswith(f"epoch {x} (validation)")]
-            assert mine[0] == (f"epoch {x} (validation): its 1 row(s) over 2 workers leave some "
-                               f"worker none (the note on epoch {e[1]} says why)."), report.messages
+        for x in (3, 5):
+            mine = [m for m in report.messages if m.startswith(name[x])]
+            assert mine[0] == (f"{name[x]}: its 1 row(s) over 2 workers leave some "
+                               f"worker none (the note on {name[1]} says why)."), report.messages
             # the pass Keras skipped is counted as unconsumed, for the reason above
             assert all("did not read it" in m and "see above" in m for m in mine[1:]), report.messages
         assert not any("began their next training pass" in m or "never read" in m
@@ -1066,7 +1070,7 @@ def test_an_mwms_keras_fit_whose_later_epoch_a_failed_call_cut_trains_the_next_c
             cluster.train(df, 3, feed_timeout=FEED_TIMEOUT)
         assert begun.exists()
         expected = ("column 'f' has 1 null value(s) in a batch of partition 1 (epoch 1)" if fault == "null"
-                    else "pushing epoch 1 failed: PythonException: ValueError: no price for id 600")
+                    else "pushing epoch 1 (train, 2 of 3) failed: PythonException: ValueError: no price for id 600")
         assert expected in str(info.value), info.value
         report = cluster.train(fixed, 2, feed_timeout=FEED_TIMEOUT)
         assert report.rows == 1600 and report.epochs == [3, 4], report
