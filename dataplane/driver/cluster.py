@@ -153,10 +153,13 @@ class Cluster:
             A :class:`FeedReport`: rows, bytes, seconds, rows per node and per split, rows
             dropped for balance, rows unconsumed per node, and the Spark jobs that pushed.
 
+        A cluster takes one call at a time: a call from another thread while one runs (a
+        stream's micro-batch among them) waits for it, then pushes its epochs after it.
+
         Raises:
             NodeError: a node's main raised or its process died during the feed.
             ClusterStateError: ``cluster.shutdown()`` began (from another thread) while the
-                call ran: no later epoch is pushed.
+                call ran, or while it waited for another call: no later epoch is pushed.
             SchemaError: ``df`` has no columns, or a column no tensor can hold.
             FeedError: the feeding job failed, or nothing moved for ``feed_timeout`` seconds.
         """

@@ -19,9 +19,11 @@ instead of growing from batch to batch.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -320,6 +322,12 @@ def _not_reading(states: dict[int, EpochState]) -> list[int]:
     return behind or _unstarted(states) or sorted(open_) or sorted(states)
 
 
+_WAITED_FOR_SHUTDOWN = (
+    "cluster.shutdown() began while this train() call waited for another train() call on the "
+    "cluster to return; nothing of it was pushed."
+)
+
+
 class Feeder:
     """Feed orchestration for one cluster: push jobs, epochs, the accounting.
 
@@ -356,6 +364,8 @@ class Feeder:
         self._carry: _Carry | None = None  # rows held back from the last micro-batch
         self._read: set[tuple[int, str]] = set()  # (node, split) whose main has read a pass
         self._pool: Any = None  # threads sending control actions to the nodes at once
+        self._call = threading.Lock()  # held by the train() call running (see _turn)
+        self._caller: threading.Thread | None = None
         self.notes = DataNotes()  # added to a node's failure by train() and the cluster
         self._jobs = PushJobs(spark, secret=secret, tls_root=tls_root, max_chunk_bytes=max_chunk_bytes,
                               buffer_bytes=buffer_bytes, node_timeout=node_timeout, failure=failure)
@@ -444,6 +454,47 @@ class Feeder:
             raise TypeError(f"train(seed=...) must be an int or None, got {seed!r}")
         if not (isinstance(feed_timeout, (int, float)) and feed_timeout > 0):
             raise ValueError(f"feed_timeout must be > 0 seconds, got {feed_timeout!r}")
+        with self._turn():
+            return self._train(df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress,
+                               cache=cache, shuffle=shuffle, seed=seed, validation=validation,
+                               balance=balance, carry=carry)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One train() call at a time. The nodes read a cluster's epochs in the order its
+        calls announce them, so two calls pushing at once (from two threads; a stream's
+        micro-batch during a train() call) left each node's pass waiting on the other call's
+        epochs: both calls stood still until feed_timeout. A second call now waits for the
+        first to return, and says so; a shutdown begun while it waits ends it."""
+        me = threading.current_thread()
+        if self._caller is me:
+            raise ClusterStateError(
+                "train() was called from inside a train() call on the same cluster (its "
+                "progress callback?); it would wait for itself. Call it after the first returns."
+            )
+        if not self._call.acquire(blocking=False):
+            running = self._caller
+            logger.warning(
+                "train(): another train() call on this cluster is running (thread %r); this one "
+                "waits for it to return: a cluster takes its train() calls one at a time, each "
+                "call's epochs after the last one's.", running.name if running else "?")
+            while not self._call.acquire(timeout=0.2):
+                if self._stopping():
+                    raise ClusterStateError(_WAITED_FOR_SHUTDOWN)
+            if self._stopping():
+                self._call.release()
+                raise ClusterStateError(_WAITED_FOR_SHUTDOWN)
+        self._caller = me
+        try:
+            yield
+        finally:
+            self._caller = None
+            self._call.release()
+
+    def _train(self, df: Any, *, num_epochs: int, feed_timeout: float,
+               progress: Callable[[dict[str, Any]], None] | None, cache: bool, shuffle: bool,
+               seed: int | None, validation: Any, balance: bool, carry: bool) -> FeedReport:
+        """train(), once it has the cluster's turn."""
         splits = [self._split("train", df, stream=carry)]
         if validation is not None:
             splits.append(self._split("validation", validation))

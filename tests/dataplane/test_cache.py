@@ -271,3 +271,83 @@ def test_ctrl_c_while_recording_then_the_same_call_again_records_anew(spark, tmp
         assert sizes[0][0] == sizes[1][0] < ROWS // 2, sizes
     for p in full:  # the next call's epochs, every row once across the workers
         assert sorted(seen[0][p] + seen[1][p]) == list(range(ROWS)), (p, sizes)
+
+
+def test_train_calls_from_two_threads_take_turns(spark, tmp_path, caplog):
+    """Two threads call train(cache=True) on one cluster at once. Both calls used to push at
+    the same time, each node's pass waited on the other call's epochs, and both failed after
+    feed_timeout. Now the second waits for the first (saying so), each call's epochs arrive
+    whole and one call after the other; a shutdown while a call waits ends that call at once."""
+    import threading
+
+    from dataplane.errors import ClusterStateError
+
+    scenarios = [{"epochs": 4, "batch_size": 64}, {"epochs": 1, "batch_size": 16, "sleep": 0.2}]
+    cluster = dataplane.run(spark, cache_main, {"dir": str(tmp_path), "scenarios": scenarios}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    results: dict = {}
+
+    def call(name: str, df, epochs: int) -> None:  # type: ignore[no-untyped-def]
+        try:
+            results[name] = cluster.train(df, epochs, cache=True, shuffle=True, seed=1, feed_timeout=60)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            results[name] = e
+        results[name + "_at"] = time.monotonic()
+
+    def waiting() -> int:
+        return sum("this one waits for it to return" in r.getMessage() for r in caplog.records)
+
+    try:
+        frames = {"a": _frame(spark, 0, ROWS, 3), "b": _frame(spark, 100_000, ROWS, 3)}
+        with caplog.at_level("WARNING", logger="dataplane.driver.feed"):
+            threads = [threading.Thread(target=call, args=(k, df, 2)) for k, df in frames.items()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert not any(t.is_alive() for t in threads), results
+        reports = {k: results[k] for k in frames}
+        assert all(isinstance(r, dataplane.FeedReport) for r in reports.values()), reports
+        assert waiting() == 1, caplog.text
+        first, second = sorted(frames, key=lambda k: reports[k].epochs[0])
+        assert [reports[first].epochs, reports[second].epochs] == [[0, 1], [2, 3]], reports
+        seen = {n: wait_json(tmp_path / f"node{n}-s0.json") for n in workers}
+        for k, passes in ((first, slice(0, 2)), (second, slice(2, 4))):
+            r = reports[k]
+            assert (r.rows, r.spark_jobs, r.rows_unconsumed) == (2 * ROWS, 1, {}), r
+            mine = {n: {"train": seen[n]["train"][passes]} for n in workers}
+            start = 0 if k == "a" else 100_000
+            _check_epochs(mine, workers, "train", range(start, start + ROWS), 2, r)
+            assert sum(len(p) for n in workers for p in mine[n]["train"]) == 2 * ROWS - r.dropped_for_balance
+
+        # a call waiting for its turn when the cluster shuts down: it ends at once, nothing pushed
+        small = _frame(spark, 0, 600, 2)  # main's last pass: 19 slow batches a worker, about 4 s
+        def rows_in() -> int:
+            return sum(m["rows_in"] for m in cluster.metrics().values())
+
+        with caplog.at_level("WARNING", logger="dataplane.driver.feed"):
+            before = rows_in()
+            slow = threading.Thread(target=call, args=("slow", small, 1))
+            slow.start()
+            deadline = time.monotonic() + 60
+            while rows_in() < before + 600 and time.monotonic() < deadline:  # pushed: main reads it
+                time.sleep(0.05)
+            late = threading.Thread(target=call, args=("late", small, 1))
+            late.start()
+            while waiting() < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert waiting() == 2, caplog.text
+            t0 = time.monotonic()
+            cluster.shutdown(timeout=30)  # lets the slow call's pass finish
+            late.join(5)
+            slow.join(5)
+        assert isinstance(results["late"], ClusterStateError), results
+        assert str(results["late"]) == (
+            "cluster.shutdown() began while this train() call waited for another train() call on "
+            "the cluster to return; nothing of it was pushed.")
+        assert results["late_at"] - t0 < 2, results
+        assert isinstance(results["slow"], dataplane.FeedReport) and results["slow"].rows == 600, results
+    finally:
+        cluster.shutdown(timeout=30)
+        wait_gone(pids, 30)
