@@ -33,11 +33,6 @@ DATA_PATH_NAMES: dict[str, frozenset[str]] = {
     "push": frozenset({"flight-push", "spark-mapinarrow", "flight-raw", "node-buffer"}),
 }
 BATCH_SIZE = 1024
-# Describing a data set reads every Parquet footer, and counting the records of TFRecord files
-# that no schema file counts reads the whole data set: on many files (on S3 above all) either
-# takes a while. Once it has taken this long (seconds) say what it is doing, then how far it
-# is at this interval.
-PROGRESS = (2.0, 10.0)
 
 
 class DataError(ValueError):
@@ -297,34 +292,12 @@ def _spec_line(s: Any, arrow: Any = None, spec: DataSpec | None = None) -> str:
     return f"{s.name}: {source}tf.{s.dtype} {shape}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-class _Progress:
-    """Silent while the work is quick; once it has taken ``PROGRESS``'s first mark, a line on
-    what it does, then one on how far it is every ``PROGRESS``'s second mark."""
-
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self._say = say
-        self._start = self._last = time.monotonic()
-        self._said = False
-
-    def due(self) -> float | None:
-        """Seconds since the start when a line is due now, else None."""
-        first, every = PROGRESS
-        now = time.monotonic()
-        return now - self._start if now - self._last >= (every if self._said else first) else None
-
-    def say(self, head: str, line: str) -> None:
-        if not self._said:
-            self._say(head)
-            self._said = True
-        self._say(line)
-        self._last = time.monotonic()
-
-
 def _parquet(spec: DataSpec, loc: Any, progress: Callable[[str], None]) -> tuple[Any, list[Any], list[str], int]:
+    from dataplane.cli.console import SlowStep
     from feeders.parquet import plan_parquet
     from formats.schema import column_specs
 
-    shown = _Progress(progress)
+    shown = SlowStep(progress)
 
     def on_footer(done: int, files: int) -> None:
         took = shown.due() if done < files else None
@@ -351,11 +324,12 @@ def _parquet(spec: DataSpec, loc: Any, progress: Callable[[str], None]) -> tuple
 
 def _count_records(loc: Any, plan: Any, progress: Callable[[str], None]) -> int:
     """Records in all of ``plan``'s files, every one read to its end (CRC-checked): silent for
-    a data set that counts quickly, otherwise lines on how far it is (``PROGRESS``)."""
+    a data set that counts quickly, otherwise lines on how far it is (``SlowStep``)."""
+    from dataplane.cli.console import SlowStep
     from feeders.tfrecord import count_records
 
     files = list(plan.files)
-    shown = _Progress(progress)
+    shown = SlowStep(progress)
     total = 0
     for i, path in enumerate(files, 1):
         total += count_records(loc, path, plan.compression)

@@ -1,6 +1,6 @@
 """What every ``dataplane`` command shows on the terminal: one line per problem, no Spark chatter.
 
-Two things, both owned by the console script (a library never touches the process's logging
+Three things, all owned by the console script (a library never touches the process's logging
 or file descriptors):
 
 - :func:`problem_line`: the one line ``dataplane <cmd>: error: ...`` prints for an exception,
@@ -14,6 +14,10 @@ or file descriptors):
   inherit, goes through a filter that drops the lines log4j cannot reach (and TensorFlow's
   start-up notices on a machine without a GPU, which no log level silences); Python's own
   ``sys.stderr`` keeps the real terminal, so progress bars still see a TTY.
+
+- :class:`SlowStep`: progress lines for a step that is quick on small data and long on big
+  data (every Parquet footer read, TFRecord files counted to their ends): nothing while it is
+  quick, then what it does and how far it is.
 
 ``-v`` turns all of it off: Spark logs as it always does and errors come with their traceback.
 """
@@ -30,7 +34,10 @@ from typing import Any
 from dataplane.errors import TF_STARTUP_NOISE
 from formats.fs import write_text_atomic
 
-__all__ = ["problem_line", "quiet_spark", "spark_log_level", "LOG4J2_QUIET"]
+__all__ = ["problem_line", "quiet_spark", "spark_log_level", "LOG4J2_QUIET", "SlowStep", "SLOW_STEP_MARKS"]
+
+# A step that has taken this long (seconds) says what it does, then how far it is at this interval.
+SLOW_STEP_MARKS = (2.0, 10.0)
 
 #: log4j2 configuration for a quiet JVM (fatal only; a failed job's task tracebacks are ERRORs
 #: and would fill the terminal with what the command already says in one line).
@@ -200,3 +207,33 @@ def quiet_spark(environ: Any = None, *, filter_stderr: bool = True) -> None:
             env["SPARK_SUBMIT_OPTS"] = f"{opts} -Dlog4j2.configurationFile=file:{target}".strip()
     if filter_stderr:
         _filter_stderr()
+
+
+class SlowStep:
+    """Lines for ``say`` while a step runs: none while it is quick; once it has run for
+    ``marks[0]`` seconds, the line on what it does and one on how far it is, then one on how
+    far it is every ``marks[1]`` seconds (``SLOW_STEP_MARKS`` by default).
+
+    The step asks :meth:`due` after each unit of work and, when it is, calls :meth:`say`."""
+
+    def __init__(self, say: Any, marks: tuple[float, float] | None = None) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self._say, self._marks = say, SLOW_STEP_MARKS if marks is None else marks
+        self._start = self._last = self._clock()
+        self._said = False
+
+    def due(self) -> float | None:
+        """Seconds since the step began when a line is due now, else None."""
+        first, every = self._marks
+        now = self._clock()
+        return now - self._start if now - self._last >= (every if self._said else first) else None
+
+    def say(self, head: str, line: str) -> None:
+        """``line``, after ``head`` the first time."""
+        if not self._said:
+            self._say(head)
+            self._said = True
+        self._say(line)
+        self._last = self._clock()

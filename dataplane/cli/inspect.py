@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["add_arguments", "run", "describe"]
 
@@ -190,14 +190,26 @@ def _file_sizes(loc: Any, files: list[str]) -> list[int]:
 
 
 def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
-             sample: int = 1000, count: bool = True) -> dict[str, Any]:
-    """Everything ``inspect`` prints, as a dict (the ``--json`` output)."""
+             sample: int = 1000, count: bool = True,
+             progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Everything ``inspect`` prints, as a dict (the ``--json`` output). ``progress`` gets a
+    line now and then while a long step runs (many Parquet footers read; TFRecord files
+    counted to their ends)."""
+    from dataplane.cli.console import SlowStep
+
+    shown = SlowStep(progress)
     if fmt == "auto":
         fmt = _detect(path)
     if fmt == "parquet":
         from feeders.parquet import plan_parquet
 
-        plan = plan_parquet(path)
+        def on_footer(done: int, files: int) -> None:
+            took = shown.due() if done < files else None
+            if took is not None:
+                shown.say(f"reading the footers of {files:,} Parquet files",
+                          f"  read {done:,}/{files:,} footers in {took:.0f} s")
+
+        plan = plan_parquet(path, on_footer=on_footer)
         loc = plan.location
         sizes = _file_sizes(loc, plan.files)
         files = [
@@ -233,7 +245,15 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
     sizes = _file_sizes(loc, plan.files)
     rows_per_file: list[int | None] = [None] * len(plan.files)
     if count:
-        rows_per_file = [count_records(loc, f, plan.compression) for f in plan.files]
+        rows_per_file = []
+        for f in plan.files:
+            rows_per_file.append(count_records(loc, f, plan.compression))
+            took = shown.due() if len(rows_per_file) < len(plan.files) else None
+            if took is not None:
+                shown.say(f"counting the records of {len(plan.files):,} TFRecord files to their ends "
+                          f"(--no-count skips it)",
+                          f"  counted {len(rows_per_file):,}/{len(plan.files):,} files, "
+                          f"{sum(rows_per_file):,} records, in {took:.0f} s")
     elif plan.schema_file is not None and plan.schema_file.files:
         known = {e.get("path"): e.get("rows") for e in plan.schema_file.files}
         rows_per_file = [known.get(f.rsplit("/", 1)[-1]) for f in plan.files]
@@ -334,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         info = describe(args.path, fmt=args.fmt, compression=args.compression,
-                        sample=args.sample, count=not args.no_count)
+                        sample=args.sample, count=not args.no_count,
+                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (DataplaneError, ValueError, OSError) as exc:
         hint = " (here: --compression gzip or zlib)" if getattr(exc, "maybe_compressed", False) else ""
         if getattr(args, "verbose", 0):

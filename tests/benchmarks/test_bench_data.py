@@ -19,6 +19,7 @@ from benchmarks import data, report, userdata
 from benchmarks.breakdown import Step, ladder
 from benchmarks.pull_parquet import write_parquet
 from benchmarks.pull_tfrecord import write_tfrecords
+from dataplane.cli import console
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 1500
@@ -493,7 +494,7 @@ def test_push_with_fill_gives_the_nodes_the_values(spark, tmp_path):
 
 
 def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_path, monkeypatch):
-    """The count reads every file to its end; past PROGRESS's first mark it says so and
+    """The count reads every file to its end; past SLOW_STEP_MARKS's first mark it says so and
     how far it is, file by file here (both marks at 0), and a quick count prints nothing."""
     import shutil
 
@@ -506,7 +507,7 @@ def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_
     lines: list[str] = []
     d = userdata.describe(userdata.DataSpec(str(rec)), "pull-tfrecord", progress=lines.append)
     assert d.total_rows == ROWS and lines == []
-    monkeypatch.setattr(userdata, "PROGRESS", (0.0, 0.0))
+    monkeypatch.setattr(console, "SLOW_STEP_MARKS", (0.0, 0.0))
     d = userdata.describe(userdata.DataSpec(str(rec), limit=LIMIT), "pull-tfrecord", progress=lines.append)
     assert (d.total_rows, d.rows) == (ROWS, LIMIT)
     assert len(lines) == 3, lines
@@ -519,12 +520,12 @@ def test_counting_tfrecords_without_a_schema_file_says_how_far_it_is(files, tmp_
 
 def test_reading_many_parquet_footers_says_how_far_it_is(files, monkeypatch):
     """Describing a Parquet data set reads every file's footer (a round trip or two each on S3):
-    past PROGRESS's first mark it says so and how far it is, file by file here (both marks at
+    past SLOW_STEP_MARKS's first mark it says so and how far it is, file by file here (both marks at
     0); a quick one prints nothing, and the description is the same either way."""
     lines: list[str] = []
     quick = userdata.describe(userdata.DataSpec(str(files / "parquet")), "pull-parquet", progress=lines.append)
     assert quick.total_rows == ROWS and lines == []
-    monkeypatch.setattr(userdata, "PROGRESS", (0.0, 0.0))
+    monkeypatch.setattr(console, "SLOW_STEP_MARKS", (0.0, 0.0))
     d = userdata.describe(userdata.DataSpec(str(files / "parquet")), "pull-parquet", progress=lines.append)
     assert (d.total_rows, d.schema_lines) == (ROWS, quick.schema_lines)
     assert lines[0] == "reading the footers of 3 Parquet files (schema, rows, null counts)", lines

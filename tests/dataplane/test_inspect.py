@@ -71,6 +71,30 @@ def test_tfrecord_with_schema_file_json(data):
     assert [f["rows"] for f in info["files"]] == [120]
 
 
+def test_long_steps_say_how_far_they_are(data, monkeypatch):
+    """Reading every Parquet footer and counting TFRecord files to their ends are quick here
+    and silent; past SlowStep's first mark (both marks at 0 here) each says what it does and
+    how far it is, file by file, and describes the data the same."""
+    from dataplane.cli import console
+    from dataplane.cli.inspect import describe
+
+    lines: list[str] = []
+    quick = {d: describe(str(data / d), progress=lines.append) for d in ("pq", "tr")}
+    assert lines == []
+    monkeypatch.setattr(console, "SLOW_STEP_MARKS", (0.0, 0.0))
+    assert describe(str(data / "pq"), progress=lines.append) == quick["pq"]
+    assert lines[0] == "reading the footers of 2 Parquet files", lines
+    assert [line.split(" in ")[0] for line in lines[1:]] == ["  read 1/2 footers"], lines
+    lines.clear()
+    assert describe(str(data / "tr"), progress=lines.append) == quick["tr"]
+    assert lines[0] == "counting the records of 3 TFRecord files to their ends (--no-count skips it)", lines
+    assert [line.split(" files, ")[0] for line in lines[1:]] == ["  counted 1/3", "  counted 2/3"], lines
+    counted = [int(line.split(", ")[1].split()[0]) for line in lines[1:]]
+    assert 0 < counted[0] < counted[1] < 120, lines
+    assert describe(str(data / "tr"), count=False, progress=lines.append)["rows"] is None
+    assert len(lines) == 3, lines  # --no-count reads no file to its end: nothing to say
+
+
 def test_tfrecord_inferred(data):
     out = _inspect(str(data / "tr"))
     assert out.returncode == 0, out.stderr
