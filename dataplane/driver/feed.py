@@ -1001,7 +1001,13 @@ class Feeder:
                         "Keras fit that ran out of data on a pass shorter than its first, "
                         "fit(steps_per_epoch=...) on a dataset without repeat=True (Keras "
                         "then reads one pass for all its epochs: use ctx.dataset(repeat=True)), "
-                        "or a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
+                        "fit(steps_per_epoch=k, epochs=E) on a repeat=True stream whose E x k "
+                        "steps take fewer rows than were pushed" + (
+                            f" (under MultiWorkerMirroredStrategy a step takes batch_size / "
+                            f"{len(ep.workers)} rows from each worker, so this epoch's {pushed:,} "
+                            f"rows last {pushed:,} // batch_size steps, not {pushed:,} // "
+                            f"batch_size // {len(ep.workers)})" if len(ep.workers) > 1 else "") +
+                        ", or a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
                         + ("" if cached else " To push once and train many epochs, use "
                            "train(..., cache=True).")
                     )

@@ -437,6 +437,11 @@ def test_uneven_partitions_then_a_main_that_returns_after_fewer_cached_epochs(sp
             epoch_name(report, 1), epoch_name(report, 2)], report.messages
         # the first says it in full; the second, unread for the same reason, points back to it
         assert "a fit that EarlyStopping ended" in returned[0], returned
+        # (a stream's steps counted as if each step took batch_size rows from every worker)
+        assert ("fit(steps_per_epoch=k, epochs=E) on a repeat=True stream whose E x k steps take "
+                "fewer rows than were pushed (under MultiWorkerMirroredStrategy a step takes "
+                "batch_size / 2 rows from each worker, so this epoch's 800 rows last 800 // "
+                "batch_size steps, not 800 // batch_size // 2)") in returned[0], returned
         assert returned[1].endswith(f"(the note on {epoch_name(report, 1)} says why)."), returned
         assert not any("use train(..., cache=True)" in m for m in returned), report.messages
     finally:
