@@ -300,10 +300,8 @@ def _parquet(spec: DataSpec, loc: Any, progress: Callable[[str], None]) -> tuple
     shown = SlowStep(progress)
 
     def on_footer(done: int, files: int) -> None:
-        took = shown.due() if done < files else None
-        if took is not None:
-            shown.say(f"reading the footers of {files:,} Parquet files (schema, rows, null counts)",
-                      f"  read {done:,}/{files:,} footers in {took:.0f} s")
+        shown.tick(done, files, f"reading the footers of {files:,} Parquet files (schema, rows, null counts)",
+                   lambda took: f"  read {done:,}/{files:,} footers in {took:.0f} s")
 
     try:
         plan = plan_parquet(spec.url, on_footer=on_footer)
@@ -333,11 +331,9 @@ def _count_records(loc: Any, plan: Any, progress: Callable[[str], None]) -> int:
     total = 0
     for i, path in enumerate(files, 1):
         total += count_records(loc, path, plan.compression)
-        took = shown.due() if i < len(files) else None
-        if took is not None:
-            shown.say(f"counting the records of {len(files):,} TFRecord files: the whole data set is read "
-                      f"once (a _tf_schema.json giving num_rows, as `dataplane export` writes, skips this)",
-                      f"  counted {i:,}/{len(files):,} files, {total:,} records, in {took:.0f} s")
+        shown.tick(i, len(files), f"counting the records of {len(files):,} TFRecord files: the whole data set "
+                   f"is read once (a _tf_schema.json giving num_rows, as `dataplane export` writes, skips this)",
+                   lambda took: f"  counted {i:,}/{len(files):,} files, {total:,} records, in {took:.0f} s")
     return total
 
 

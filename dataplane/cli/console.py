@@ -214,7 +214,7 @@ class SlowStep:
     ``marks[0]`` seconds, the line on what it does and one on how far it is, then one on how
     far it is every ``marks[1]`` seconds (``SLOW_STEP_MARKS`` by default).
 
-    The step asks :meth:`due` after each unit of work and, when it is, calls :meth:`say`."""
+    The step calls :meth:`tick` after each unit of work."""
 
     def __init__(self, say: Any, marks: tuple[float, float] | None = None) -> None:
         import time
@@ -224,16 +224,15 @@ class SlowStep:
         self._start = self._last = self._clock()
         self._said = False
 
-    def due(self) -> float | None:
-        """Seconds since the step began when a line is due now, else None."""
+    def tick(self, done: int, total: int, head: str, line: Any) -> None:
+        """After unit ``done`` of ``total``: if a line is due, ``line(seconds so far)``, after
+        ``head`` the first time. Nothing after the last unit: the step is over."""
         first, every = self._marks
         now = self._clock()
-        return now - self._start if now - self._last >= (every if self._said else first) else None
-
-    def say(self, head: str, line: str) -> None:
-        """``line``, after ``head`` the first time."""
+        if done >= total or now - self._last < (every if self._said else first):
+            return
         if not self._said:
             self._say(head)
             self._said = True
-        self._say(line)
+        self._say(line(now - self._start))
         self._last = self._clock()

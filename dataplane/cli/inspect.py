@@ -204,10 +204,8 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         from feeders.parquet import plan_parquet
 
         def on_footer(done: int, files: int) -> None:
-            took = shown.due() if done < files else None
-            if took is not None:
-                shown.say(f"reading the footers of {files:,} Parquet files",
-                          f"  read {done:,}/{files:,} footers in {took:.0f} s")
+            shown.tick(done, files, f"reading the footers of {files:,} Parquet files",
+                       lambda took: f"  read {done:,}/{files:,} footers in {took:.0f} s")
 
         plan = plan_parquet(path, on_footer=on_footer)
         loc = plan.location
@@ -248,12 +246,9 @@ def describe(path: str, *, fmt: str = "auto", compression: str | None = None,
         rows_per_file = []
         for f in plan.files:
             rows_per_file.append(count_records(loc, f, plan.compression))
-            took = shown.due() if len(rows_per_file) < len(plan.files) else None
-            if took is not None:
-                shown.say(f"counting the records of {len(plan.files):,} TFRecord files to their ends "
-                          f"(--no-count skips it)",
-                          f"  counted {len(rows_per_file):,}/{len(plan.files):,} files, "
-                          f"{sum(rows_per_file):,} records, in {took:.0f} s")
+            done, n = len(rows_per_file), len(plan.files)
+            shown.tick(done, n, f"counting the records of {n:,} TFRecord files to their ends (--no-count skips it)",
+                       lambda took: f"  counted {done:,}/{n:,} files, {sum(rows_per_file):,} records, in {took:.0f} s")
     elif plan.schema_file is not None and plan.schema_file.files:
         known = {e.get("path"): e.get("rows") for e in plan.schema_file.files}
         rows_per_file = [known.get(f.rsplit("/", 1)[-1]) for f in plan.files]
