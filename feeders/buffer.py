@@ -550,9 +550,10 @@ class FeedBuffer:
             f"driver's next cluster.train() call: all {read} {split} epoch(s) pushed so far were "
             f"claimed by earlier passes. Expected while the driver works between train() calls; "
             f"if train() has returned and main reads more passes than it pushed (for example "
-            f"model.evaluate(ds) or a second fit after fit), this pass gets rows only from a "
-            f"later train() call and ends empty at shutdown: read one pass per pushed epoch, or "
-            f"evaluate on a dataset of its own (a pull reader, or train(validation=...))."
+            f"model.evaluate(ds) or a second fit after fit, or a layer.adapt(ds) before it), "
+            f"this pass gets rows only from a later train() call and ends empty at shutdown: "
+            f"read one pass per pushed epoch, or evaluate on a dataset of its own (a pull "
+            f"reader, or train(validation=...))."
         )
 
     def ended_empty_note(self, split: str) -> str | None:
@@ -574,9 +575,10 @@ class FeedBuffer:
             f"a pass over ctx.dataset(split={split!r}) ended without rows: the cluster shut down "
             f"after earlier passes had read all {read} {split} epoch(s) pushed. main read more "
             f"passes than cluster.train pushed (e.g. fit(epochs=3) over train(df, num_epochs=2), "
-            f"or an evaluate(ds) after fit); Keras may report that pass as an epoch, without "
-            f"data. Read one pass per pushed epoch. (A main fed by a stream that reads passes "
-            f"until shutdown: read ctx.should_stop after every pass, and this note goes away.)"
+            f"a layer.adapt(ds) before fit or an evaluate(ds) after it: each reads a pass of "
+            f"its own); Keras may report that pass as an epoch, without data. Read one pass "
+            f"per pushed epoch. (A main fed by a stream that reads passes until shutdown: read "
+            f"ctx.should_stop after every pass, and this note goes away.)"
         )
 
     def peek_epoch(self, split: str = "train", timeout: float | None = None, *,

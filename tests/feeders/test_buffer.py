@@ -396,6 +396,7 @@ def test_a_further_pass_waiting_for_the_next_train_call_says_so_once(monkeypatch
     assert len(hints) == 1, hints
     assert "ctx.dataset(split='train') has waited" in hints[0]
     assert "all 2 train epoch(s) pushed so far" in hints[0] and "model.evaluate(ds)" in hints[0]
+    assert "layer.adapt(ds)" in hints[0]
 
 
 def test_a_pass_more_than_were_pushed_ends_empty_at_shutdown_and_says_why(caplog):
@@ -416,6 +417,7 @@ def test_a_pass_more_than_were_pushed_ends_empty_at_shutdown_and_says_why(caplog
     notes = [r.getMessage() for r in caplog.records]
     assert len(notes) == 1 and "ctx.dataset(split='train') ended without rows" in notes[0], notes
     assert "read all 1 train epoch(s) pushed" in notes[0] and "fit(epochs=3) over train(df, num_epochs=2)" in notes[0]
+    assert "a layer.adapt(ds) before fit" in notes[0]
     # a pass that never had an epoch (the cluster shut down before any train()) says nothing
     assert FeedBuffer(1 << 20).ended_empty_note("train") is None
     # nor does the last pass of a program that reads until the node stops (streaming)
