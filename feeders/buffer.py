@@ -48,7 +48,7 @@ import os
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -67,6 +67,10 @@ PARK_AFTER = 0.2  # seconds a pass must starve before another epoch's rows are p
 # A further pass that has waited this long for the driver's next train() call says so once in
 # the node's log (model.evaluate(ds) after fit reads a pass no train() call pushes).
 WAIT_HINT_AFTER = 30.0
+# ... and a warning after this long if, meanwhile, a pass over another split stands open and
+# still: the next train() call cannot begin before that pass ends, and a main reading both in
+# one loop (val_ds.take(k) every few training steps) waits in the one for the other.
+STUCK_HINT_AFTER = 5.0
 # While the driver waits for a claimed epoch's pass to end and that pass has neither taken nor
 # yielded rows for this many seconds, the node runs Python's cyclic collector; each further
 # collection for the same pass waits twice as long, up to COLLECT_MAX (see "Abandoned passes").
@@ -136,6 +140,7 @@ class FeedBuffer:
         self._consumer_done = False
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
         self._data_waits: list[float] = []  # when each pass now waiting for an epoch began waiting
+        self._claiming: Counter[str] = Counter()  # split -> passes now waiting to claim an epoch
         self._stalled = 0  # producers waiting on a full buffer right now
         self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
@@ -392,12 +397,13 @@ class FeedBuffer:
         self.metrics["cache_spilled_bytes"] = sum(c.spilled_bytes for c in caches)
 
     def _await(self, ready: Callable[[], bool], timeout: float | None, *, idle: bool,
-               hint: Callable[[], str] | None = None) -> bool:
+               hint: Callable[[float], bool] | None = None) -> bool:
         """Wait (holding ``_cond``) until ``ready()``; False if the node stopped or ``timeout``
         passed first. ``idle``: the caller is a consumer waiting for the driver's next move
         (counted in ``idle_waiters``, which tells the driver main is safe to stop). ``hint``:
-        called once if the wait lasts :data:`WAIT_HINT_AFTER` seconds; what it returns, if
-        anything, is logged."""
+        called with the seconds waited, from :data:`STUCK_HINT_AFTER` or
+        :data:`WAIT_HINT_AFTER` on, until it returns True (it has logged why the wait may be
+        long)."""
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         self.idle_waiters += idle
@@ -409,10 +415,9 @@ class FeedBuffer:
                 left = None if deadline is None else deadline - now
                 if self._stopped or (left is not None and left <= 0):
                     return False
-                if hint is not None and now - start >= WAIT_HINT_AFTER:
-                    message, hint = hint(), None
-                    if message:
-                        logger.info("%s", message)
+                if (hint is not None and now - start >= min(STUCK_HINT_AFTER, WAIT_HINT_AFTER)
+                        and hint(now - start)):
+                    hint = None
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
             return True
         finally:
@@ -479,8 +484,13 @@ class FeedBuffer:
             self._supersede(split, keep=stream)
             if skip_older is not None and not self._announced.get(split):
                 self.skip_announced(skip_older)  # nothing left to train on in this call
-            if not self._await(lambda: self._claimable(split) or (me is not None and me.superseded),
-                               timeout, idle=True, hint=lambda: self._waiting_hint(split)):
+            self._claiming[split] += 1
+            try:
+                ready = self._await(lambda: self._claimable(split) or (me is not None and me.superseded),
+                                    timeout, idle=True, hint=lambda waited: self._waiting_hint(split, waited))
+            finally:
+                self._claiming[split] -= 1
+            if not ready:
                 return None
             if me is not None and me.superseded:
                 return None
@@ -539,13 +549,43 @@ class FeedBuffer:
             ep = self._epochs.get(epoch)
             return None if ep is None else ep.overtaken
 
-    def _waiting_hint(self, split: str) -> str | None:
-        """Why a pass may wait for nothing, if earlier passes read every pushed epoch (None on
-        the first pass: waiting for the first train() call is normal)."""
+    def _open_elsewhere(self, split: str, still_for: float) -> list[NodeEpoch]:
+        """The claimed epochs of other splits whose passes are open and have neither taken nor
+        yielded a row for ``still_for`` seconds."""
+        now = time.monotonic()
+        return [ep for ep in self._epochs.values()
+                if ep.info.split != split and ep.claimed and not ep.finished
+                and not ep.withdrawn and now - ep.last_move >= still_for]
+
+    def _waits_past_pushed(self) -> list[str]:
+        """The splits a pass waits over while no epoch of theirs is announced: it waits for a
+        later train() call (``EpochState.waits_past``)."""
+        return sorted(s for s, n in self._claiming.items() if n and not self._announced.get(s))
+
+    def _waiting_hint(self, split: str, waited: float) -> bool:
+        """Log, once, why a pass may wait for nothing, if earlier passes read every pushed
+        epoch (nothing on the first pass: waiting for the first train() call is normal).
+        True once said."""
         read = sum(1 for ep in self._epochs.values() if ep.info.split == split and not ep.withdrawn)
         if not read:
-            return None
-        return (
+            return False
+        stuck = [] if self._announced.get(split) else self._open_elsewhere(split, STUCK_HINT_AFTER)
+        if stuck:
+            ep = min(stuck, key=lambda e: e.info.epoch)
+            logger.warning(
+                "a pass over ctx.dataset(split=%r) has waited %.0f s for a %s epoch, but all %d "
+                "pushed so far were read by earlier passes, while the pass over epoch %d (%s) "
+                "stands open: the driver's next train() call, which would push more %s rows, "
+                "cannot begin before that pass ends. If main reads the two in one loop, both "
+                "wait until feed_timeout: every pass (every for loop or iter() over a "
+                "ctx.dataset, val_ds.take(k) inside a training loop too) reads one pushed "
+                "epoch. To look at a few %s batches now and then, read one pass per training "
+                "epoch: val_it = iter(val_ds) when the epoch begins, next(val_it) each time.",
+                split, waited, split, read, ep.info.epoch, ep.info.split, split, split)
+            return True
+        if waited < WAIT_HINT_AFTER:
+            return False
+        logger.info("%s", (
             f"a pass over ctx.dataset(split={split!r}) has waited {WAIT_HINT_AFTER:.0f} s for the "
             f"driver's next cluster.train() call: all {read} {split} epoch(s) pushed so far were "
             f"claimed by earlier passes. Expected while the driver works between train() calls; "
@@ -554,7 +594,8 @@ class FeedBuffer:
             f"this pass gets rows only from a later train() call and ends empty at shutdown: "
             f"read one pass per pushed epoch, or evaluate on a dataset of its own (a pull "
             f"reader, or train(validation=...))."
-        )
+        ))
+        return True
 
     def ended_empty_note(self, split: str) -> str | None:
         """Why a pass over ``split`` that found no epoch before the node stopped got nothing,
@@ -736,10 +777,13 @@ class FeedBuffer:
         """rows received, emitted, closed, complete (see ``feeders.protocol.EpochState``)."""
         with self._cond:
             ep = self._epochs.get(epoch)
+            waits_past = self._waits_past_pushed()
             if ep is None:
                 return {"rows": 0, "emitted": 0, "closed": self._consumer_done, "complete": False,
-                        "ended_feed": self._consumer_done, "dataset": bool(self._readers)}
+                        "ended_feed": self._consumer_done, "dataset": bool(self._readers),
+                        "waits_past": waits_past}
             out = {"rows": ep.rows_in, "emitted": ep.emitted, "closed": ep.closed,
+                   "waits_past": waits_past,
                    "complete": ep.complete, "feeding": ep.feeding, "ended_feed": ep.ended_feed,
                    "failure": ep.failure, "carried_in": ep.carried_in,
                    "carried_out": ep.carried_out,

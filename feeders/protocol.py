@@ -218,6 +218,9 @@ class EpochState:
     ``dataset``: the node's main has a reader for the epoch's split (a ``ctx.dataset()``
     built over it, or a pass that asked for one of its epochs); a node without one stands
     still for a reason of its own: a long set-up, or data read some other way.
+    ``waits_past``: the splits over which a pass of the node's main waits while no epoch of
+    theirs is announced, i.e. for a later train() call (a main that reads more passes than
+    were pushed; with this epoch's pass open, one that never gets back to it).
     """
 
     rows: int
@@ -231,6 +234,7 @@ class EpochState:
     carried_out: int = 0
     left_early: bool = False
     dataset: bool = True
+    waits_past: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,7 +245,8 @@ class EpochState:
                    bool(d.get("complete", False)), str(d.get("main", "running")),
                    bool(d.get("ended_feed", False)), d.get("failure"),
                    int(d.get("carried_in", 0)), int(d.get("carried_out", 0)),
-                   bool(d.get("left_early", False)), bool(d.get("dataset", True)))
+                   bool(d.get("left_early", False)), bool(d.get("dataset", True)),
+                   tuple(str(x) for x in d.get("waits_past", ())))
 
 
 @dataclass(frozen=True)

@@ -313,6 +313,28 @@ def _without_dataset(states: dict[int, EpochState], blamed: Sequence[int], split
     )
 
 
+def _waiting_past(states: dict[int, EpochState], blamed: Sequence[int], ep: "_EpochBooks",
+                  books: Sequence["_EpochBooks"]) -> str:
+    """What to say when the mains of nodes blamed for ``ep``'s pass standing still wait in a
+    pass over another split past the epochs this call pushes ("" if none does): a main that
+    reads both in one loop waits there for a later train() call, which cannot begin."""
+    waiting = {nid: [s for s in states[nid].waits_past if s != ep.split] for nid in blamed}
+    nodes = sorted(nid for nid, splits in waiting.items() if splits)
+    if not nodes:
+        return ""
+    split = waiting[nodes[0]][0]
+    pushed = sum(1 for b in books if b.split == split)
+    return (
+        f"Node(s) {nodes}'s main waits in a pass over ctx.dataset(split='{split}') past the "
+        f"{pushed} {split} epoch(s) this call pushes, while its pass over {ep.name} stands "
+        f"open: a later train() call, which would push more, cannot begin before this one "
+        f"ends. Every pass (every for loop or iter() over a ctx.dataset, val_ds.take(k) "
+        f"inside a training loop too) reads one pushed epoch; to look at a few {split} "
+        f"batches now and then, read one pass per training epoch: val_it = iter(val_ds) when "
+        f"the epoch begins, next(val_it) each time."
+    )
+
+
 def _not_reading(states: dict[int, EpochState]) -> list[int]:
     """The nodes to blame for an epoch's passes that stand still: those that hold rows they have
     not read; else those that read none of it; else every node whose pass is open. (A node
@@ -884,6 +906,13 @@ class Feeder:
                     raise FeedError(
                         f"{ep.name} was pushed, but nothing moved for "
                         f"feed_timeout={clock.timeout:.0f} s ({_reading_text(states)}). {no_reader}"
+                    )
+                past = _waiting_past(states, blamed, ep, books) if expired else ""
+                if past:
+                    raise FeedError(
+                        f"{ep.name} was pushed, but node(s) {blamed} stopped reading it: "
+                        f"nothing moved for feed_timeout={clock.timeout:.0f} s "
+                        f"({_reading_text(states)}). {past}"
                     )
                 if expired:
                     raise FeedError(

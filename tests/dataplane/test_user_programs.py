@@ -1249,6 +1249,69 @@ def test_a_dataset_built_for_a_pass_after_the_last_epoch_ends_empty_and_main_goe
         wait_gone(pids, 30)
 
 
+def _evaluates_every_few_steps_main(args, ctx):  # type: ignore[no-untyped-def]
+    """A custom loop that looks at two validation batches every 5 training steps: first the
+    way that works (one validation pass per training epoch, next() on its iterator), then the
+    way users first write it (val_ds.take(2) each time: a new pass, so a pushed epoch each)."""
+    train_ds = ctx.dataset(10, split="train")
+    val_ds = ctx.dataset(10, split="validation")
+    for mode in ("one pass per epoch", "take"):
+        seen = []
+        for _ in range(2):
+            ids, val_ids = [], []
+            val_it = iter(val_ds) if mode == "one pass per epoch" else None
+            for step, batch in enumerate(train_ds):
+                ids += _ids(batch)
+                if step % 5:
+                    continue
+                for _ in range(2):
+                    vb = next(val_it, None) if val_it is not None else None
+                    if vb is not None:
+                        val_ids += _ids(vb)
+                if val_it is None:
+                    val_ids += [i for vb in val_ds.take(2) for i in _ids(vb)]
+            seen.append([ids, val_ids])
+        _write(os.path.join(args["dir"], f"{mode}.json"), seen)
+
+
+def test_evaluating_every_few_steps_reads_one_validation_pass_per_epoch(spark, tmp_path, capsys):
+    """val_ds.take(2) inside the training loop starts a pass, so reads a pushed epoch, each
+    time: the third waits for a later train() call, which cannot come while the training
+    pass it interrupted stands open. That wedged train() until feed_timeout with a message
+    about reading fewer epochs; the node now warns within seconds, and train() names the
+    waiting pass and the fix (one pass per epoch: next() on its iterator), shown working."""
+    df = spark.range(0, 600, 1, 3)
+    dv = spark.range(10_000, 10_200, 1, 2)
+    cluster = dataplane.run(spark, _evaluates_every_few_steps_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        report = cluster.train(df, 2, validation=dv, feed_timeout=FEED_TIMEOUT)
+        assert report.epochs == [0, 1, 2, 3] and report.rows == 1_600
+        assert report.rows_unconsumed == {} and report.dropped_for_balance == 0
+        seen = wait_json(tmp_path / "one pass per epoch.json")
+        # 60 steps, 12 looks of 2 batches: each epoch's 20 validation batches, read whole
+        for ids, val_ids in seen:
+            assert sorted(ids) == list(range(600)) and sorted(val_ids) == list(range(10_000, 10_200))
+        t0 = time.monotonic()
+        with pytest.raises(dataplane.FeedError) as err:
+            cluster.train(df, 2, validation=dv, feed_timeout=10)
+        assert time.monotonic() - t0 < RETURNS_WITHIN
+        msg = str(err.value)
+        assert "epoch 4 (train, 1 of 2) was pushed, but node(s) [0] stopped reading it" in msg, msg
+        assert ("Node(s) [0]'s main waits in a pass over ctx.dataset(split='validation') past the "
+                "2 validation epoch(s) this call pushes, while its pass over epoch 4 (train, 1 of "
+                "2) stands open") in msg, msg
+        assert "val_it = iter(val_ds) when the epoch begins, next(val_it) each time" in msg, msg
+        cluster.shutdown(timeout=30)
+        err_text = capsys.readouterr().err
+        line = next((ln for ln in err_text.splitlines() if "has waited" in ln), err_text[-3000:])
+        assert line.startswith("[node 0 chief]") and "WARNING feeders.buffer" in line, line
+        # (the node counts the validation epochs of both calls)
+        assert "all 4 pushed so far were read by earlier passes, while the pass over epoch 4 (train) stands open" in line, line
+    finally:
+        wait_gone(pids, 30)
+
+
 def _reads_once_then_saves_main(args, ctx):  # type: ignore[no-untyped-def]
     _write(os.path.join(args["dir"], "started.json"), True)
     for _ in ctx.dataset(10):

@@ -399,6 +399,64 @@ def test_a_further_pass_waiting_for_the_next_train_call_says_so_once(monkeypatch
     assert "layer.adapt(ds)" in hints[0]
 
 
+def test_a_pass_past_the_pushed_epochs_while_a_training_pass_stands_open_warns_soon(monkeypatch, caplog):
+    # A custom loop that looks at val_ds.take(2) every 20 steps: the third validation pass
+    # (this call pushed two) waits for a later train() call while the training pass it
+    # interrupted stands open, and train() cannot return before that pass ends: main waits
+    # for itself. The node warns within seconds; the driver's epoch_state shows the wait.
+    import feeders.buffer as fb
+
+    monkeypatch.setattr(fb, "STUCK_HINT_AFTER", 0.3)
+    buf = FeedBuffer(1 << 20)
+    _announce(buf, "train", "validation", "validation")
+    train = buf.claim_epoch("train")
+    buf.put_stream(train, 0, _batches(0, 10, 10))
+    assert sum(b.num_rows for b in buf.take(train)[0]) == 10
+    assert _read_pass(buf, "validation") == 1 and _read_pass(buf, "validation") == 2
+    assert buf.epoch_state(train)["waits_past"] == []
+    seen: list[list[str]] = []
+
+    def watch() -> None:
+        time.sleep(0.2)
+        seen.append(buf.epoch_state(train)["waits_past"])
+
+    with caplog.at_level("INFO", logger="feeders.buffer"):
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        assert buf.claim_epoch("validation", timeout=1.0) is None
+        watcher.join()
+    assert seen == [["validation"]]
+    assert buf.epoch_state(train)["waits_past"] == []  # the pass stopped waiting
+    said = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1 and not [r for r in caplog.records if r.levelname == "INFO"], caplog.records
+    msg = said[0].getMessage()
+    assert "a pass over ctx.dataset(split='validation') has waited" in msg
+    assert "all 2 pushed so far were read by earlier passes, while the pass over epoch 0 (train) stands open" in msg
+    assert "val_ds.take(k) inside a training loop" in msg and "val_it = iter(val_ds)" in msg
+
+    # A main whose other thread goes on reading the training pass meanwhile (an evaluation
+    # thread that waits for the next call's validation epochs) is not warned: the training
+    # pass moves, so the call can end and the next one come.
+    caplog.clear()
+    moving = threading.Event()
+
+    def read_on() -> None:
+        for part in range(1, 1000):
+            if moving.is_set():
+                return
+            buf.put_stream(train, part, _batches(0, 1, 1))
+            buf.take(train)
+            time.sleep(0.05)
+
+    with caplog.at_level("INFO", logger="feeders.buffer"):
+        reader = threading.Thread(target=read_on)
+        reader.start()
+        assert buf.claim_epoch("validation", timeout=1.0) is None
+        moving.set()
+        reader.join()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.records
+
+
 def test_a_pass_more_than_were_pushed_ends_empty_at_shutdown_and_says_why(caplog):
     # fit(epochs=3) over train(df, num_epochs=2): Keras reports the third epoch ("13/13 -
     # loss: 0.0000e+00") although no row reached it; the node's log (shown on the driver) says why
