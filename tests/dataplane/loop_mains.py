@@ -108,6 +108,24 @@ def _run_scenarios(args, ctx, strategy, tf, keras, feeders) -> None:  # type: ig
                 for f, _ in ds.take(k):
                     seen.add(f["id"].numpy())
                 seen.next_epoch()
+        elif pattern == "strategy_loop":
+            # a custom loop as TensorFlow's MultiWorkerMirroredStrategy tutorial writes it:
+            # distribute_datasets_from_function, strategy.run with an all-reduce every step
+            st = strategy if strategy is not None else tf.distribute.get_strategy()
+            dist = st.distribute_datasets_from_function(lambda input_context: ds)
+
+            @tf.function
+            def step(batch):  # type: ignore[no-untyped-def]
+                def on_replica(f, y):  # type: ignore[no-untyped-def]
+                    total = tf.distribute.get_replica_context().all_reduce("sum", tf.size(y))
+                    return f["id"], total
+                return st.run(on_replica, args=batch)
+
+            for e in range(epochs):
+                for batch in dist:
+                    ids, _ = step(batch)
+                    seen.add(np.concatenate([t.numpy() for t in st.experimental_local_results(ids)]))
+                seen.next_epoch()
         elif pattern == "fit_steps":
             model, data = model_and_data(ds)
             model.fit(data, epochs=sc["fit_epochs"], steps_per_epoch=k, verbose=0, callbacks=[Steps()])

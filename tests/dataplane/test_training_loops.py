@@ -1,7 +1,8 @@
 """The push plane under training loops written the ways users write them.
 
 A matrix on real Spark, Flight and TensorFlow: consumption pattern {every epoch read to the end;
-``break`` after k batches; ``take(k)``; Keras ``fit(steps_per_epoch=k)`` on ``repeat=True``;
+the same through ``strategy.distribute_datasets_from_function`` and ``strategy.run`` (an
+all-reduce a step); ``break`` after k batches; ``take(k)``; Keras ``fit(steps_per_epoch=k)`` on ``repeat=True``;
 ``evaluate(steps=k)`` between epochs; ``fit(validation_data=...)`` from a Parquet pull reader}
 x rows {narrow numeric; 48 KiB image rows} x {1 node; 2 MultiWorkerMirroredStrategy workers}
 x buffer {smaller than one worker's share of an Arrow batch; the default (image rows)}.
@@ -41,6 +42,7 @@ ROWS = {
 # pattern: epochs pushed per train() call
 PATTERNS = {
     "full": 2,
+    "strategy_loop": 2,
     "break": 2,
     "take": 2,
     "fit_steps": 3,
@@ -115,17 +117,17 @@ def _run_matrix(spark, tmp_path, *, num_nodes: int, buffer_bytes: int, kinds) ->
             assert len(ids) <= handed, case
             # no row more often than it was pushed; none twice within one pass of a loop
             assert max(Counter(ids).values(), default=0) <= sc["epochs"], case
-            if sc["pattern"] in ("full", "break", "take"):
+            if sc["pattern"] in ("full", "strategy_loop", "break", "take"):
                 for n in workers:
                     for e in seen[n]["epochs"]:
                         assert len(e) == len(set(e)), (case, n)
-            if sc["pattern"] in ("full", "fit_validation_pull"):
+            if sc["pattern"] in ("full", "strategy_loop", "fit_validation_pull"):
                 assert report.rows_unconsumed == {}, (case, report)
             elif sc["kind"] == "image":
                 # a pass left after a few batches: the rest was refused (narrow rows may all
                 # have been handed over already, in the few multi-batch items read ahead)
                 assert sum(report.rows_unconsumed.values()) > 0, (case, report)
-            if sc["pattern"] == "full":
+            if sc["pattern"] in ("full", "strategy_loop"):
                 # every row of every epoch, checksummed; equal batch counts on every worker
                 assert report.dropped_for_balance == 0
                 for e in range(sc["epochs"]):
