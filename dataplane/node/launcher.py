@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import socket
 import sys
 import tempfile
@@ -115,7 +116,7 @@ class NodeLauncher:
         from pyspark import TaskContext
 
         from dataplane import rpc
-        from dataplane.node.process import spawn_detached
+        from dataplane.node.process import NodeLaunchError, shadowing_hint, spawn_detached
 
         for _ in batches:
             pass
@@ -140,14 +141,28 @@ class NodeLauncher:
         os.mkdir(tmpdir)
         env = node_environment(dict(os.environ), list(sys.path), tmpdir)
         r_fd, w_fd = os.pipe()
+        launched: NodeLaunchError | None = None
         try:
             spawn_detached(config_path, w_fd, env)
+        except NodeLaunchError as e:
+            launched = e
         finally:
-            os.close(w_fd)
-        msg = self._read_ready(r_fd, workdir, node_id)
+            os.close(w_fd)  # only the node may hold it open: its end-of-file says it died
+        if launched is None:
+            msg = self._read_ready(r_fd, workdir, node_id)
+        else:
+            os.close(r_fd)
+            msg = {"ok": False, "error": str(launched), "traceback": launched.output or "(it wrote nothing)"}
+            if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
+                shutil.rmtree(workdir, ignore_errors=True)  # no reaper was started to do it
         if not msg.get("ok"):
             error = msg.get("error", "the node process exited before registering")
             tail = msg.get("traceback") or _tail(os.path.join(workdir, "node.log"))
+            if msg.get("died"):
+                error += shadowing_hint(env, tail)
+                if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
+                    # the reaper left node.log for this read (see reaper.reap)
+                    shutil.rmtree(workdir, ignore_errors=True)
             text = f"node {node_id} failed to start on {socket.gethostname()}: {error}"
             try:
                 rpc.do_json_action(
@@ -175,7 +190,7 @@ class NodeLauncher:
         finally:
             os.close(r_fd)
         if not data.strip():
-            return {"ok": False, "error": "the node process exited before registering"}
+            return {"ok": False, "error": "the node process exited before registering", "died": True}
         return json.loads(data.split(b"\n")[0])
 
     @staticmethod

@@ -30,6 +30,7 @@ from typing import Any
 
 from dataplane.node.config import NodeConfig
 from dataplane.node.logtail import FINAL_BYTES, LogTail, clip
+from dataplane.node.reaper import TOLD_LAUNCHER
 
 __all__ = ["spawn_detached", "NodeShutdown"]
 
@@ -63,9 +64,44 @@ def spawn_detached(config_path: str, ready_fd: int, env: dict[str, str]) -> int:
         pass_fds=(ready_fd,),
         env=env,
         stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # (the reaper it starts writes to node.log instead)
         close_fds=True,
     )
-    return proc.wait()
+    _, err = proc.communicate()
+    if proc.returncode:
+        text = err.decode("utf-8", "replace")[-4000:]
+        raise NodeLaunchError(
+            f"the node's launch step ({sys.executable} -S {os.path.basename(proc.args[2])}) "
+            f"exited with code {proc.returncode} before starting the node"
+            f"{shadowing_hint(env, text)}",
+            text,
+        )
+    return proc.returncode
+
+
+class NodeLaunchError(RuntimeError):
+    """The launch step could not start the node process; ``output`` is what it wrote."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def shadowing_hint(env: dict[str, str], output: str) -> str:
+    """If a file on the node's PYTHONPATH has a standard-library module's name (a driver script
+    called types.py or random.py, shipped with the job), the node's new interpreter imports it
+    instead of the library's and fails as it starts: say which file to rename ("" if none)."""
+    names = getattr(sys, "stdlib_module_names", ())
+    for entry in env.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry or not os.path.isdir(entry):
+            continue
+        for name in sorted(names):
+            path = os.path.join(entry, name + ".py")
+            if os.path.isfile(path) and path in output:
+                return (f": {path} has the name of the standard-library module {name!r}, and "
+                        f"the node's Python (started with {entry} on its PYTHONPATH, as the "
+                        f"Spark task had it on sys.path) imports it instead; rename that file")
+    return ""
 
 
 def _load_payload(path: str, cloudpickle: Any) -> tuple[Any, Any]:
@@ -162,6 +198,10 @@ class _Node:
     def _tell_launcher(self, msg: dict[str, Any]) -> None:
         if self.ready_fd < 0:
             return
+        try:
+            open(os.path.join(self.workdir, TOLD_LAUNCHER), "w").close()  # (see reaper.reap)
+        except OSError:
+            pass
         try:
             os.write(self.ready_fd, (json.dumps(msg) + "\n").encode())
             os.close(self.ready_fd)

@@ -3,7 +3,9 @@
 A node removes its own work directory when it exits, but a node killed outright (SIGKILL, the
 kernel's OOM killer) cannot: its ``config.json`` (holding the cluster's secret), its payload and
 its cache's spill files (possibly gigabytes) would stay behind. So the launch step starts this
-script, which starts the node, waits for it and removes the directory after it.
+script, which starts the node, waits for it and removes the directory after it (all but
+``node.log`` when the node died before telling the launcher how its start went: the launcher
+shows that log's tail in the start error, then removes the rest).
 
 ``reaper.py --detach CONFIG FD`` is the launch step's intermediate process: it starts the reaper
 in a session of its own and exits at once, so that neither the reaper nor the node is a child
@@ -22,6 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+
+# Made in the work directory by the node just before it tells the launcher how its start went
+# (dataplane.node.process); without it, the node died first and its log is the only word.
+TOLD_LAUNCHER = "told-launcher"
 
 
 def reap(config_path: str, ready_fd: int) -> int:
@@ -42,8 +48,25 @@ def reap(config_path: str, ready_fd: int) -> int:
     code = node.wait()
     _end_left_behind()
     # DATAPLANE_KEEP_NODE_DIR=1 keeps config, payload and node.log for debugging.
-    if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
+    if os.environ.get("DATAPLANE_KEEP_NODE_DIR") == "1":
+        return code
+    if os.path.exists(os.path.join(workdir, TOLD_LAUNCHER)):
         shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        # The node died before a word to the launcher (an import that failed as the
+        # interpreter started, a crash): the launcher, which saw the pipe close, shows
+        # node.log's tail and then removes the directory. Everything else goes now (the
+        # config holds the cluster's secret).
+        for name in os.listdir(workdir) if os.path.isdir(workdir) else []:
+            if name != "node.log":
+                path = os.path.join(workdir, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.remove(path)
+                    except OSError:
+                        pass
     return code
 
 
