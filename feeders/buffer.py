@@ -141,6 +141,9 @@ class FeedBuffer:
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
         self._data_waits: list[float] = []  # when each pass now waiting for an epoch began waiting
         self._claiming: Counter[str] = Counter()  # split -> passes now waiting to claim an epoch
+        # (split, skip_older) -> passes over split waiting to claim, which skip skip_older's
+        # epochs announced while they wait (see begin_epoch)
+        self._skipping: Counter[tuple[str, str]] = Counter()
         self._stalled = 0  # producers waiting on a full buffer right now
         self._starving: dict[int, float] = {}  # epoch -> since when its pass waits with nothing to read
         self._stall_mark = 0.0
@@ -207,6 +210,12 @@ class FeedBuffer:
             self._epochs[info.epoch] = ep
             self._announced.setdefault(info.split, deque()).append(info.epoch)
             self.metrics["epochs_begun"] += 1
+            if any(n and older == info.split and not self._announced.get(split)
+                   for (split, older), n in self._skipping.items()) and not self._claiming[info.split]:
+                # A training pass began before this validation epoch came and waits for a
+                # training epoch: main will not come back for it (the rule claim_epoch applies
+                # when the pass begins, and again when it claims).
+                self.skip_announced(info.split)
             if ep.feeding and self._replayer is None:
                 self._replayer = threading.Thread(target=self._replay_loop, daemon=True,
                                                   name="dataplane-replay")
@@ -485,11 +494,15 @@ class FeedBuffer:
             if skip_older is not None and not self._announced.get(split):
                 self.skip_announced(skip_older)  # nothing left to train on in this call
             self._claiming[split] += 1
+            if skip_older is not None:
+                self._skipping[split, skip_older] += 1
             try:
                 ready = self._await(lambda: self._claimable(split) or (me is not None and me.superseded),
                                     timeout, idle=True, hint=lambda waited: self._waiting_hint(split, waited))
             finally:
                 self._claiming[split] -= 1
+                if skip_older is not None:
+                    self._skipping[split, skip_older] -= 1
             if not ready:
                 return None
             if me is not None and me.superseded:

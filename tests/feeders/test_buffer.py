@@ -522,6 +522,59 @@ def test_without_skip_older_validation_epochs_wait_for_their_pass():
     assert buf.claim_epoch("validation") == 5
 
 
+
+def test_a_validation_epoch_announced_while_the_next_training_pass_waits_is_closed_at_once():
+    # A cached call replays train 2, validation 3, ...: a main that never reads validation is
+    # already waiting for its next training epoch when validation 1 is announced. Nothing
+    # will come back for it, so it is refused as it arrives (its push or replay stops), not
+    # left open until main returns. A validation pass also waiting keeps it; a repeat=True
+    # stream's read-ahead claims (skip_older=None) never skip.
+    bufs = [FeedBuffer(1 << 20) for _ in range(3)]
+    got: list[int | None] = []
+
+    def reader(buf: FeedBuffer, out: list, **claim) -> threading.Thread:  # type: ignore[no-untyped-def]
+        t = threading.Thread(target=lambda: out.append(_read_pass(buf, **claim)), daemon=True)
+        t.start()
+        return t
+
+    def waiting(buf: FeedBuffer, n: int) -> None:
+        deadline = time.monotonic() + 5
+        while buf.idle_waiters < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert buf.idle_waiters == n
+
+    try:
+        buf = bufs[0]
+        _announce(buf, "train")
+        assert _read_pass(buf, skip_older="validation") == 0
+        waiter = reader(buf, got, skip_older="validation")
+        waiting(buf, 1)
+        buf.begin_epoch(EpochInfo(1, SCHEMA, split="validation"))
+        assert buf.epoch_state(1)["closed"] is True
+        assert buf.snapshot()["epochs_left_early"] == 1
+        buf.begin_epoch(EpochInfo(2, SCHEMA))
+        waiter.join(5)
+        assert got == [2]
+
+        # a validation pass waiting too: the epoch is its
+        val: list[int | None] = []
+        reader(bufs[1], [], skip_older="validation")
+        v = reader(bufs[1], val, split="validation")
+        waiting(bufs[1], 2)
+        bufs[1].begin_epoch(EpochInfo(0, SCHEMA, split="validation"))
+        v.join(5)
+        assert val == [0] and bufs[1].snapshot()["epochs_left_early"] == 0
+
+        # claims without skip_older (a repeat=True stream reading ahead) leave it for Keras
+        reader(bufs[2], [])
+        waiting(bufs[2], 1)
+        bufs[2].begin_epoch(EpochInfo(0, SCHEMA, split="validation"))
+        assert bufs[2].epoch_state(0)["closed"] is False
+    finally:
+        for b in bufs:
+            b.stop()
+
+
 def test_rows_of_an_epoch_read_later_are_parked_while_another_pass_starves(tmp_path):
     # Pushes come in epoch order, one job at a time. A pass that needs epoch 1 before anyone
     # reads epoch 0 (a repeat=True stream reading ahead while Keras's validation pass waits)
