@@ -23,7 +23,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -192,6 +192,18 @@ def _too_few_message(ep: "_EpochBooks", pushed: int) -> str:
         f"leave some worker none, so every worker yielded none (each yields the smallest "
         f"worker's share); push at least one row per worker."
     )
+
+
+# A training pass left early having read at most 1 / GLANCE_SHARE of its rows is said with the
+# likeliest cause users do not mean: a look at a batch before training (next(iter(ds))), which
+# is a pass of its own and takes a pushed epoch.
+GLANCE_SHARE = 2
+
+
+def _few(counts: Iterable[int]) -> str:
+    """``192`` when every count is the same, else ``192-256``."""
+    c = sorted(counts)
+    return f"{c[0]:,}" if c[0] == c[-1] else f"{c[0]:,}-{c[-1]:,}"
 
 
 def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> list[str]:
@@ -1071,12 +1083,27 @@ class Feeder:
                             "skips every epoch's)."),
                      logging.INFO, "validation skipped", left_early, msg)
             elif left_early:
+                glance = (ep.split == "train" and "glance" not in explained and all(
+                    states[n].emitted * GLANCE_SHARE <= states[n].emitted + left for n, left in left_early.items()))
+                read = f" after reading {_few(states[n].emitted for n in left_early)} row(s) each" if glance else ""
                 msg = (
-                    f"{ep.name}: node(s) {sorted(left_early)} ended their pass early; the "
+                    f"{ep.name}: node(s) {sorted(left_early)} ended their pass early{read}; the "
                     f"remaining {sum(left_early.values())} row(s) were not sent to them."
                 )
+                if glance:
+                    # said once a call, and later passes left early not pointed back to it:
+                    # a program that takes k batches every epoch means to
+                    explained["glance"] = ep.name
+                    msg += (
+                        f" If main looked at a batch before training (next(iter(ds)), for b in "
+                        f"ds.take(1)), that look was a pass of its own: it took this epoch, so a "
+                        f"fit(epochs={ep.of}) after it trains on one pushed epoch fewer and its "
+                        f"last epoch waits for a later train() call (Keras reports it without "
+                        f"data). Take shapes from ds.element_spec (or the DataFrame's schema on "
+                        f"the driver) instead."
+                    )
                 report.messages.append(msg)
-                logger.info(msg)
+                logger.log(logging.WARNING if glance else logging.INFO, msg)
 
     # -- inference ------------------------------------------------------------------------------
     @property

@@ -1443,3 +1443,80 @@ def test_pull_shards_agree_on_one_listing_when_a_file_arrives_between_the_nodes(
     assert line.startswith("[node 1 worker]"), line
     assert "this node listed 3 file(s) (1500 rows), node 0, the first to plan this dataset, 2 (1000 rows)" in line, line
     assert "part-9.parquet) are not read by this dataset; build it again to read them." in line, line
+
+
+def _looks_at_a_batch_then_fits_main(args, ctx):  # type: ignore[no-untyped-def]
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    import tf_keras as keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    seen: list[int] = []
+
+    def record(ids, x):  # type: ignore[no-untyped-def]
+        seen.extend(int(i) for i in ids.numpy())
+        return x
+
+    def to_xy(f, y):  # type: ignore[no-untyped-def]
+        x = tf.py_function(record, [f["id"], f["x"]], tf.float32)
+        x.set_shape(f["x"].shape)
+        return x, y
+
+    ds = ctx.dataset(64, features=["id", "x"], label="label")
+    x0, _ = next(iter(ds))  # size the model from a batch, as many programs do
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((x0["x"].shape[1],)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fits = []
+    for epochs in (3, 2):  # one fit per train() call
+        seen.clear()
+        hist = model.fit(ds.map(to_xy), epochs=epochs, verbose=0)
+        fits.append({"loss": hist.history["loss"], "ids": sorted(seen)})
+        _write(os.path.join(args["dir"], f"node{ctx.node_id}.json"), fits)
+
+
+def test_a_look_at_a_batch_before_fit_takes_an_epoch_and_the_report_says_so(spark, tmp_path):
+    """``x, y = next(iter(ds))`` to size the model is a pass: it takes the first pushed epoch
+    (the rest refused at once), so ``fit(epochs=3)`` over ``train(df, 3)`` trains on two and
+    its third epoch waits for the next call. The report used to say only "ended their pass
+    early"; it now names the look and the fix (``ds.element_spec``), once. Two MWMS workers,
+    ids exact over both calls."""
+    rows = 3_000
+    df = _frame(spark, 0, rows, 3, width=2)
+    cluster = dataplane.run(spark, _looks_at_a_batch_then_fits_main, {"dir": str(tmp_path)}, num_nodes=2)
+    workers = [n.node_id for n in cluster.nodes]
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        before = _rows_out(cluster)
+        report = cluster.train(df, 3, FEED_TIMEOUT)
+        handed = _balanced(cluster, report, before)
+        first = epoch_name(report, 0)
+        glance = [m for m in report.messages if "next(iter(ds))" in m]
+        assert len(glance) == 1 and glance[0].startswith(
+            f"{first}: node(s) {sorted(workers)} ended their pass early after reading "), report.messages
+        assert ("it took this epoch, so a fit(epochs=3) after it trains on one pushed epoch fewer"
+                in glance[0] and "ds.element_spec" in glance[0]), glance
+        assert handed + sum(report.rows_unconsumed.values()) == rows * 3
+        assert sum(report.rows_unconsumed.values()) > rows // 2  # most of the first epoch
+        # the second call: the first fit's third epoch, then fit(epochs=2): every row read,
+        # no note (a fit reading every epoch it was pushed)
+        before = _rows_out(cluster)
+        report2 = cluster.train(df, 3, FEED_TIMEOUT)
+        assert _balanced(cluster, report2, before) == rows * 3 - report2.dropped_for_balance
+        assert report2.rows_unconsumed == {} and report2.messages == [], report2.messages
+        fits = {n: wait_json(tmp_path / f"node{n}.json") for n in workers}
+        while any(len(f) < 2 for f in fits.values()):
+            time.sleep(0.2)
+            fits = {n: wait_json(tmp_path / f"node{n}.json") for n in workers}
+        for n in workers:
+            first_fit, second_fit = fits[n]
+            assert len(first_fit["loss"]) == 3 and len(second_fit["loss"]) == 2
+            assert all(np.isfinite(first_fit["loss"] + second_fit["loss"]))
+        # the first fit read epochs 1 and 2 of call 1 and epoch 0 of call 2: each row 3 times
+        # over the workers (less the few dropped for balance); the second fit twice
+        for k, times in ((0, 3), (1, 2)):
+            ids = [i for n in workers for i in fits[n][k]["ids"]]
+            counts = np.bincount(ids, minlength=rows)
+            assert counts.max() == times and (counts < times).sum() <= times * len(workers), (k, counts.min())
+    finally:
+        _stop(cluster, pids)

@@ -475,7 +475,7 @@ def test_a_pass_more_than_were_pushed_ends_empty_at_shutdown_and_says_why(caplog
     notes = [r.getMessage() for r in caplog.records]
     assert len(notes) == 1 and "ctx.dataset(split='train') ended without rows" in notes[0], notes
     assert "read all 1 train epoch(s) pushed" in notes[0] and "fit(epochs=3) over train(df, num_epochs=2)" in notes[0]
-    assert "a layer.adapt(ds) before fit" in notes[0]
+    assert "a layer.adapt(ds) or a look at a batch (next(iter(ds)), ds.take(1)) before fit" in notes[0]
     # a pass that never had an epoch (the cluster shut down before any train()) says nothing
     assert FeedBuffer(1 << 20).ended_empty_note("train") is None
     # nor does the last pass of a program that reads until the node stops (streaming)
