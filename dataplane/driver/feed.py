@@ -1038,7 +1038,9 @@ class Feeder:
                     short = f"{msg}: their main read fewer passes than train(num_epochs=...) pushed"
                     msg += (
                         ". Their main read fewer passes than train(num_epochs=...) pushed: "
-                        "a fit that EarlyStopping ended, fit(epochs=) below num_epochs, a "
+                        "a fit that EarlyStopping ended, fit(epochs=) below num_epochs (a "
+                        "fit(initial_epoch=k), or one that BackupAndRestore resumed at epoch k, "
+                        "reads epochs - k passes), a "
                         "Keras fit that ran out of data on a pass shorter than its first, "
                         "fit(steps_per_epoch=...) on a dataset without repeat=True (Keras "
                         "then reads one pass for all its epochs: use ctx.dataset(repeat=True)), "
