@@ -510,6 +510,7 @@ class FeedBuffer:
             epoch = self._announced[split].popleft()
             ep = self._epochs[epoch]
             ep.claimed, ep.stream, ep.last_move = True, stream, time.monotonic()
+            ep.in_repeat = me is not None and me.repeat
             self._newest_claim[split] = max(epoch, self._newest_claim.get(split, -1))
             self._end_abandoned(split, epoch)
             if skip_older is not None:
@@ -803,6 +804,7 @@ class FeedBuffer:
                    "failure": ep.failure, "carried_in": ep.carried_in,
                    "carried_out": ep.carried_out,
                    "dataset": ep.info.split in self._readers,
+                   "repeat": ep.in_repeat,
                    # left by its reader, who read on: not the pass main was in when it
                    # returned or raised, which the driver must tell apart (a failure)
                    "left_early": (ep.finished and not ep.complete and ep.failure is None

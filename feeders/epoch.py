@@ -193,6 +193,7 @@ class NodeEpoch:
     closed: bool = False  # the consumer's pass has ended
     claimed: bool = False  # a pass over it began (claim_epoch)
     stream: int | None = None  # ... by this reader (FeedBuffer.open_stream)
+    in_repeat: bool = False  # ... which is a repeat=True stream
     last_move: float = 0.0  # time.monotonic() of its claim or its pass's last take or yield
     finished: bool = False  # ... and ended: emitted, complete and failure are final
     ended_feed: bool = False  # ... closed because the node reads no more (consumer_finished)

@@ -221,6 +221,8 @@ class EpochState:
     ``waits_past``: the splits over which a pass of the node's main waits while no epoch of
     theirs is announced, i.e. for a later train() call (a main that reads more passes than
     were pushed; with this epoch's pass open, one that never gets back to it).
+    ``repeat``: the epoch was read by a ``repeat=True`` stream (Keras reads on past its
+    ``steps_per_epoch`` within it), not by a pass of its own.
     """
 
     rows: int
@@ -235,6 +237,7 @@ class EpochState:
     left_early: bool = False
     dataset: bool = True
     waits_past: tuple[str, ...] = ()
+    repeat: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -246,7 +249,7 @@ class EpochState:
                    bool(d.get("ended_feed", False)), d.get("failure"),
                    int(d.get("carried_in", 0)), int(d.get("carried_out", 0)),
                    bool(d.get("left_early", False)), bool(d.get("dataset", True)),
-                   tuple(str(x) for x in d.get("waits_past", ())))
+                   tuple(str(x) for x in d.get("waits_past", ())), bool(d.get("repeat", False)))
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,31 @@ def _few(counts: Iterable[int]) -> str:
     return f"{c[0]:,}" if c[0] == c[-1] else f"{c[0]:,}-{c[-1]:,}"
 
 
+def _fewer_passes_note(ep: "_EpochBooks", pushed: int) -> str:
+    """Why main read fewer passes than a call pushed: the usual causes, with the MWMS step
+    arithmetic users get wrong."""
+    cached = ep.record is not None or ep.replay is not None
+    workers = len(ep.workers)
+    return (
+        "Their main read fewer passes than train(num_epochs=...) pushed: "
+        "a fit that EarlyStopping ended, fit(epochs=) below num_epochs (a "
+        "fit(initial_epoch=k), or one that BackupAndRestore resumed at epoch k, "
+        "reads epochs - k passes), a "
+        "Keras fit that ran out of data on a pass shorter than its first, "
+        "fit(steps_per_epoch=...) on a dataset without repeat=True (Keras "
+        "then reads one pass for all its epochs: use ctx.dataset(repeat=True)), "
+        "fit(steps_per_epoch=k, epochs=E) on a repeat=True stream whose E x k "
+        "steps take fewer rows than were pushed" + (
+            f" (under MultiWorkerMirroredStrategy a step takes batch_size / "
+            f"{workers} rows from each worker, so this epoch's {pushed:,} "
+            f"rows last {pushed:,} // batch_size steps, not {pushed:,} // "
+            f"batch_size // {workers})" if workers > 1 else "") +
+        ", or a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
+        + ("" if cached else " To push once and train many epochs, use "
+           "train(..., cache=True).")
+    )
+
+
 def _empty_notes(splits: Sequence[_Split], books: Sequence["_EpochBooks"]) -> list[str]:
     """Why a train() call's passes were empty, if they were: a DataFrame without rows, or
     fewer rows than workers."""
@@ -942,6 +967,7 @@ class Feeder:
             left_early: dict[int, int] = {}
             returned: dict[int, int] = {}
             ended: dict[int, int] = {}  # main runs, but reads no more (ctx.end_feed, ctx.serve)
+            never_read: dict[int, int] = {}  # main runs on, but the pass that would read it will not come
             remainders: dict[int, int] = {}  # a whole pass read, its last partial batch dropped
             pushed = sum(ep.assigned.values())
             if pushed == 0 and ep.split not in empty:
@@ -988,15 +1014,17 @@ class Feeder:
                         # (a pass its reader left counts as left early though main has
                         # returned by now)
                         (left_early if st.left_early else returned if st.main != "running"
-                         else ended if st.ended_feed else left_early)[nid] = left
+                         else ended if st.ended_feed
+                         else never_read if st.emitted == 0 and ep.split == "train" and not ep.carry
+                         else left_early)[nid] = left
                 if left:
                     report.rows_unconsumed[nid] = report.rows_unconsumed.get(nid, 0) + left
             if ep.carry:
                 self._carry = _Carry(ep.epoch, ep.source.schema, ep.source.shapes, carried)
             # (passes that yield nothing anyway, left unread)
-            unread_empty = {**returned, **left_early} if starved else {}
+            unread_empty = {**returned, **left_early, **never_read} if starved else {}
             if unread_empty:
-                left_early = {}
+                left_early = never_read = {}
                 # Keras skips the later passes of a split whose first pass yielded nothing: not
                 # a skipped validation or a main that stopped reading, so not said as one
                 note(f"{ep.name}: node(s) {sorted(unread_empty)} did not read it; its "
@@ -1033,27 +1061,9 @@ class Feeder:
                         "stop the query (query.stop()) before main returns."
                     )
                 elif unread:
-                    cached = ep.record is not None or ep.replay is not None
                     cause = "fewer passes"
                     short = f"{msg}: their main read fewer passes than train(num_epochs=...) pushed"
-                    msg += (
-                        ". Their main read fewer passes than train(num_epochs=...) pushed: "
-                        "a fit that EarlyStopping ended, fit(epochs=) below num_epochs (a "
-                        "fit(initial_epoch=k), or one that BackupAndRestore resumed at epoch k, "
-                        "reads epochs - k passes), a "
-                        "Keras fit that ran out of data on a pass shorter than its first, "
-                        "fit(steps_per_epoch=...) on a dataset without repeat=True (Keras "
-                        "then reads one pass for all its epochs: use ctx.dataset(repeat=True)), "
-                        "fit(steps_per_epoch=k, epochs=E) on a repeat=True stream whose E x k "
-                        "steps take fewer rows than were pushed" + (
-                            f" (under MultiWorkerMirroredStrategy a step takes batch_size / "
-                            f"{len(ep.workers)} rows from each worker, so this epoch's {pushed:,} "
-                            f"rows last {pushed:,} // batch_size steps, not {pushed:,} // "
-                            f"batch_size // {len(ep.workers)})" if len(ep.workers) > 1 else "") +
-                        ", or a Dataset.cache() over ctx.dataset (TensorFlow then reads the feed once)."
-                        + ("" if cached else " To push once and train many epochs, use "
-                           "train(..., cache=True).")
-                    )
+                    msg += ". " + _fewer_passes_note(ep, pushed)
                 else:
                     msg += "."
                 note(msg, logging.WARNING, cause, returned, short)
@@ -1085,8 +1095,10 @@ class Feeder:
                             "skips every epoch's)."),
                      logging.INFO, "validation skipped", left_early, msg)
             elif left_early:
+                # (a pass of its own, not a repeat=True stream's, that yielded a batch or so)
                 glance = (ep.split == "train" and "glance" not in explained and all(
-                    states[n].emitted * GLANCE_SHARE <= states[n].emitted + left for n, left in left_early.items()))
+                    not states[n].repeat and 0 < states[n].emitted * GLANCE_SHARE <= states[n].emitted + left
+                    for n, left in left_early.items()))
                 read = f" after reading {_few(states[n].emitted for n in left_early)} row(s) each" if glance else ""
                 msg = (
                     f"{ep.name}: node(s) {sorted(left_early)} ended their pass early{read}; the "
@@ -1100,12 +1112,19 @@ class Feeder:
                         f" If main looked at a batch before training (next(iter(ds)), for b in "
                         f"ds.take(1)), that look was a pass of its own: it took this epoch, so a "
                         f"fit(epochs={ep.of}) after it trains on one pushed epoch fewer and its "
-                        f"last epoch waits for a later train() call (Keras reports it without "
-                        f"data). Take shapes from ds.element_spec (or the DataFrame's schema on "
-                        f"the driver) instead."
+                        f"last epoch waits for a later train() call (or, at shutdown, ends "
+                        f"without data). Take shapes from ds.element_spec (or the DataFrame's "
+                        f"schema on the driver) instead."
                     )
                 report.messages.append(msg)
                 logger.log(logging.WARNING if glance else logging.INFO, msg)
+            if never_read and not unread_empty:
+                # main runs on, but no pass will come for it: a repeat=True stream that fit
+                # dropped closed it (the same causes as a main that returned before it)
+                msg = (f"{ep.name}: node(s) {sorted(never_read)} never read it; its "
+                       f"{sum(never_read.values())} row(s) were refused")
+                note(f"{msg}. {_fewer_passes_note(ep, pushed)}", logging.WARNING, "fewer passes",
+                     never_read, f"{msg}: their main read fewer passes than train(num_epochs=...) pushed")
 
     # -- inference ------------------------------------------------------------------------------
     @property

@@ -1520,3 +1520,47 @@ def test_a_look_at_a_batch_before_fit_takes_an_epoch_and_the_report_says_so(spar
             assert counts.max() == times and (counts < times).sum() <= times * len(workers), (k, counts.min())
     finally:
         _stop(cluster, pids)
+
+
+def _short_stream_fit_then_more_work_main(args, ctx):  # type: ignore[no-untyped-def]
+    import keras  # Keras 3, one node
+
+    ds = ctx.dataset(32, features="x", label="label", repeat=True)
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    hist = model.fit(ds, epochs=2, steps_per_epoch=5, verbose=0)  # 320 rows of 3 x 1,200
+    _write(os.path.join(args["dir"], "fitted.json"), len(hist.history["loss"]))
+    deadline = time.monotonic() + 60  # main goes on (saving, evaluating elsewhere) until told
+    while not os.path.exists(os.path.join(args["dir"], "done")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_short_stream_fit_followed_by_more_work_says_why_epochs_went_unread(spark, tmp_path):
+    """``fit(repeat=True stream, steps_per_epoch=5, epochs=2)`` takes 320 of the call's 3,600
+    rows, then main works on. Dropping the stream closes the two epochs it never reached, so
+    train() returns; their note said only "ended their pass early" (a pass that never began)
+    unless main had returned first, when it named the cause. Now it names the cause either way,
+    and is not taken for a look at a batch (a stream's epoch, not a pass of its own)."""
+    rows = 1_200
+    cluster = dataplane.run(spark, _short_stream_fit_then_more_work_main, {"dir": str(tmp_path)}, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        before = _rows_out(cluster)
+        t0 = time.monotonic()
+        report = cluster.train(_frame(spark, 0, rows, 3), 3, FEED_TIMEOUT)
+        assert time.monotonic() - t0 < RETURNS_WITHIN
+        assert wait_json(tmp_path / "fitted.json") == 2
+        handed = _balanced(cluster, report, before)
+        assert 320 <= handed < rows and report.rows_unconsumed == {0: 3 * rows - handed}, report
+        names = [epoch_name(report, i) for i in range(3)]
+        assert report.messages[0] == (f"{names[0]}: node(s) [0] ended their pass early; the remaining "
+                                      f"{rows - handed} row(s) were not sent to them."), report.messages
+        first, second = report.messages[1:]
+        assert first.startswith(f"{names[1]}: node(s) [0] never read it; its {rows} row(s) were refused. "
+                                f"Their main read fewer passes than train(num_epochs=...) pushed: "), first
+        assert "fit(steps_per_epoch=k, epochs=E) on a repeat=True stream whose E x k steps take fewer rows" in first
+        assert second == (f"{names[2]}: node(s) [0] never read it; its {rows} row(s) were refused: their main "
+                          f"read fewer passes than train(num_epochs=...) pushed (the note on {names[1]} says why).")
+        (tmp_path / "done").write_text("")
+    finally:
+        _stop(cluster, pids)

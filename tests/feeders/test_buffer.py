@@ -854,7 +854,11 @@ def test_a_repeat_stream_dropped_inside_a_cycle_leaves_nothing_for_the_next_data
     assert all(st["closed"] for st in states.values()), states
     assert states[0]["complete"] and states[0]["emitted"] == 200
     assert not (states[1]["complete"] and states[2]["complete"]), states
+    # read by a repeat=True stream, not a pass of its own (the driver tells a look at a batch
+    # from a stream's first epoch by it)
+    assert states[0]["repeat"] is True and states[1]["repeat"] is True
     assert sorted(int(i) for b in new for i in b["id"].numpy()) == list(range(10))
+    assert buf.epoch_state(3)["repeat"] is False
     deadline = time.monotonic() + 10
     while len(ends) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
