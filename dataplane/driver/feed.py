@@ -206,13 +206,18 @@ def _few(counts: Iterable[int]) -> str:
     return f"{c[0]:,}" if c[0] == c[-1] else f"{c[0]:,}-{c[-1]:,}"
 
 
+# The cause of a training epoch no pass read while main read on or returned (said in full by
+# _fewer_passes_note the first time, then as one line pointing back to it).
+_FEWER_PASSES = "their main read fewer passes than train(num_epochs=...) pushed"
+
+
 def _fewer_passes_note(ep: "_EpochBooks", pushed: int) -> str:
     """Why main read fewer passes than a call pushed: the usual causes, with the MWMS step
     arithmetic users get wrong."""
     cached = ep.record is not None or ep.replay is not None
     workers = len(ep.workers)
     return (
-        "Their main read fewer passes than train(num_epochs=...) pushed: "
+        f"{_FEWER_PASSES[0].upper()}{_FEWER_PASSES[1:]}: "
         "a fit that EarlyStopping ended, fit(epochs=) below num_epochs (a "
         "fit(initial_epoch=k), or one that BackupAndRestore resumed at epoch k, "
         "reads epochs - k passes), a "
@@ -1062,7 +1067,7 @@ class Feeder:
                     )
                 elif unread:
                     cause = "fewer passes"
-                    short = f"{msg}: their main read fewer passes than train(num_epochs=...) pushed"
+                    short = f"{msg}: {_FEWER_PASSES}"
                     msg += ". " + _fewer_passes_note(ep, pushed)
                 else:
                     msg += "."
@@ -1124,7 +1129,7 @@ class Feeder:
                 msg = (f"{ep.name}: node(s) {sorted(never_read)} never read it; its "
                        f"{sum(never_read.values())} row(s) were refused")
                 note(f"{msg}. {_fewer_passes_note(ep, pushed)}", logging.WARNING, "fewer passes",
-                     never_read, f"{msg}: their main read fewer passes than train(num_epochs=...) pushed")
+                     never_read, f"{msg}: {_FEWER_PASSES}")
 
     # -- inference ------------------------------------------------------------------------------
     @property
