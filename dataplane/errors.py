@@ -193,6 +193,14 @@ _RAGGED_INPUT = (
 
 # TensorFlow errors whose message does not say what the program should do differently here:
 # (every text the traceback must hold, the fix)
+# the causes of an empty pass the traceback cannot tell apart; a node that knows why its
+# pass was empty says so instead (see dataplane.driver.cluster)
+EMPTY_FIRST_EPOCH = (
+    "fit's first epoch got no batch from its dataset: the pass was empty. The DataFrame had "
+    "no rows, fewer rows than workers (each worker yields the smallest worker's share), or, "
+    "with ctx.dataset(drop_remainder=True), fewer rows per worker than one batch (the node's "
+    "log says so): push more rows or use a smaller batch_size.")
+
 _KNOWN_FIXES = (
     (("Collective ops must be configured at program startup",),
      "Create tf.distribute.MultiWorkerMirroredStrategy() first thing in main, before "
@@ -214,11 +222,7 @@ _KNOWN_FIXES = (
     (("may not be ragged in their innermost dimension", "RaggedMatMul"), _RAGGED_INPUT),
     (("only supports RaggedTensors when the innermost dimension is non-ragged",), _RAGGED_INPUT),
     # tf_keras fit whose first epoch got no batch at all
-    (("Unexpected result of `train_function` (Empty logs)",),
-     "fit's first epoch got no batch from its dataset: the pass was empty. The DataFrame had "
-     "no rows, fewer rows than workers (each worker yields the smallest worker's share), or, "
-     "with ctx.dataset(drop_remainder=True), fewer rows per worker than one batch (the node's "
-     "log says so): push more rows or use a smaller batch_size."),
+    (("Unexpected result of `train_function` (Empty logs)",), EMPTY_FIRST_EPOCH),
     # ctx.dataset(decode=...) on an image whose bytes break off after a valid signature
     (("jpeg::Uncompress failed",),
      "A value of a ctx.dataset(decode={...: 'jpeg'}) column is a damaged JPEG (it starts like "

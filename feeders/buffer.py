@@ -138,6 +138,9 @@ class FeedBuffer:
         self._bytes = 0
         self._stopped = False
         self._consumer_done = False
+        # the last ended_empty_note given: main's error, if it raises after such a pass, is
+        # reported with it (Keras only says its logs were empty)
+        self.empty_pass_note: str | None = None
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
         self._data_waits: list[float] = []  # when each pass now waiting for an epoch began waiting
         self._claiming: Counter[str] = Counter()  # split -> passes now waiting to claim an epoch
@@ -614,7 +617,14 @@ class FeedBuffer:
 
     def ended_empty_note(self, split: str) -> str | None:
         """Why a pass over ``split`` that found no epoch before the node stopped got nothing,
-        if earlier passes read every epoch pushed (None when none was: nothing was pushed)."""
+        if earlier passes read every epoch pushed (None when none was: nothing was pushed).
+        Kept as :attr:`empty_pass_note`."""
+        note = self._ended_empty_note(split)
+        if note:
+            self.empty_pass_note = note
+        return note
+
+    def _ended_empty_note(self, split: str) -> str | None:
         with self._cond:
             mine = [ep for ep in self._epochs.values() if ep.info.split == split]
             read = sum(1 for ep in mine if not ep.withdrawn)
@@ -632,7 +642,7 @@ class FeedBuffer:
             f"after earlier passes had read all {read} {split} epoch(s) pushed. main read more "
             f"passes than cluster.train pushed (e.g. fit(epochs=3) over train(df, num_epochs=2), "
             f"a layer.adapt(ds) or a look at a batch (next(iter(ds)), ds.take(1)) before fit, "
-            f"or an evaluate(ds) after it: each reads a pass of "
+            f"or an evaluate(ds) or a second fit after it: each reads a pass of "
             f"its own); Keras may report that pass as an epoch, without data. Read one pass "
             f"per pushed epoch. (A main fed by a stream that reads passes until shutdown: read "
             f"ctx.should_stop after every pass, and this note goes away.)"

@@ -21,7 +21,9 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
-from dataplane.errors import ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix
+from dataplane.errors import (
+    EMPTY_FIRST_EPOCH, ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix,
+)
 from dataplane.driver.feed import Feeder, FeedReport
 from dataplane.driver.sparkjobs import SparkJob, plain_ctrl_c, spark_stopped
 from dataplane.topology import NodeInfo, Topology
@@ -461,6 +463,9 @@ class Cluster:
                 name = info.describe() if info else f"node {nid}"
                 if st.done and not st.ok:
                     fix = known_fix(st.traceback)
+                    if st.note:  # the node saw why a pass of main's was empty: no guess then
+                        fix = "\n".join([*([fix] if fix and fix != EMPTY_FIRST_EPOCH else []),
+                                         f"The data may be why: {st.note}"])
                     summary = error_summary(st.traceback)
                     # a SchemaError on the node is one for the caller too (a null, a shape)
                     cls = NodeSchemaError if summary.split(":", 1)[0].endswith("SchemaError") else NodeError

@@ -5,7 +5,8 @@ Nodes reach it over Flight actions (JSON bodies, bearer token):
 ``register``   a node has bound its ports; body: node id, host, ports, pid.
 ``wait_spec``  block (bounded) until every node registered; reply: the topology, or pending.
 ``heartbeat``  a node is alive; reply says whether the driver wants it to stop.
-``done``       the node's ``main`` finished: ok, or the traceback text.
+``done``       the node's ``main`` finished: ok, or the traceback text (with ``note``: why a
+               pass main read ended without rows, when one did).
 
 A heartbeat or ``done`` may carry ``log``: what the node wrote to its stdout and stderr since
 its last message (``run(log_to_driver=True)``), printed here on the driver's stderr.
@@ -17,7 +18,7 @@ import logging
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.flight as flight
@@ -40,8 +41,9 @@ class NodeStatus:
     done: bool = False
     ok: bool = True
     traceback: str = ""
+    # the node's own word on main's failure: why a pass it read ended without rows
+    note: str = ""
     exited: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ControlServer(flight.FlightServerBase):
@@ -226,7 +228,7 @@ class ControlServer(flight.FlightServerBase):
                     st.done = True
                     st.ok = bool(body.get("ok"))
                     st.traceback = str(body.get("traceback", ""))
-                    st.extra.update(body.get("extra", {}))
+                    st.note = str(body.get("note", ""))
             self._cond.notify_all()
         return {"stop": self.stopping}
 

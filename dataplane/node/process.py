@@ -506,6 +506,8 @@ class _Node:
         self.buffer.consumer_finished()
         self.main_finished.set()
         done = {"ok": ok, "traceback": tb_text[-20000:]}
+        if not ok and self.buffer.empty_pass_note:  # why a pass main read got nothing
+            done["note"] = self.buffer.empty_pass_note
         for _ in range(3):
             try:
                 reply = self._send_with_log(client, "done", done, timeout=10.0, final=True)

@@ -265,7 +265,8 @@ def raise_mid_feed_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
 
 
 def keras_fit_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
-    """The README's program: a Dense model on the array column ``x``, fit under MWMS."""
+    """The README's program: a Dense model on the array column ``x``, fit under MWMS
+    (``args["fits"]`` times, one epoch each: 1 by default)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
     import tf_keras as keras
@@ -274,7 +275,8 @@ def keras_fit_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
     ds = ctx.dataset(batch_size=32, features=["x"], label="y")
-    model.fit(ds.map(lambda f, y: (f["x"], y)), epochs=1, verbose=0)
+    for _ in range(int(args.get("fits", 1))):
+        model.fit(ds.map(lambda f, y: (f["x"], y)), epochs=1, verbose=0)
 
 
 def print_main(args, ctx) -> None:  # type: ignore[no-untyped-def]

@@ -740,6 +740,36 @@ def test_a_main_failing_on_a_pass_without_rows_is_told_why(spark, rows):
     wait_gone(pids, 15)
 
 
+def test_a_fit_after_the_last_pushed_epoch_fails_at_shutdown_with_the_reason(spark):
+    # Two fits of one epoch each over one pushed epoch: the second fit's pass waits for a
+    # train() call that never comes and ends empty at shutdown. tf_keras then says only that
+    # its logs were empty, and the guess for an empty first epoch (no rows, fewer rows than
+    # workers) is wrong here: the nodes say why instead
+    from tests.dataplane.mains import keras_fit_main
+
+    df = spark.range(0, 200, 1, 2).selectExpr(
+        "array(cast(id as float), 1f, 2f, 3f) as x", "cast(id as float) as y")
+    cluster = dataplane.run(spark, keras_fit_main, {"fits": 2}, num_nodes=2)
+    pids = [n.pid for n in cluster.nodes]
+    report = cluster.train(df, num_epochs=1, feed_timeout=60)
+    assert report.rows == 200 and report.rows_unconsumed == {} and report.messages == []
+    with pytest.raises(NodeError) as info:
+        cluster.shutdown(timeout=30)
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("node 0 (chief 0 on 127.0.0.1, pid ") and lines[0].endswith("): main raised:")
+    assert lines[1].startswith("ValueError: Unexpected result of `train_function` (Empty logs).")
+    assert lines[2:] == [
+        "The data may be why: a pass over ctx.dataset(split='train') ended without rows: the "
+        "cluster shut down after earlier passes had read all 1 train epoch(s) pushed. main read "
+        "more passes than cluster.train pushed (e.g. fit(epochs=3) over train(df, num_epochs=2), "
+        "a layer.adapt(ds) or a look at a batch (next(iter(ds)), ds.take(1)) before fit, or an "
+        "evaluate(ds) or a second fit after it: each reads a pass of its own); Keras may report "
+        "that pass as an epoch, without data. Read one pass per pushed epoch. (A main fed by a "
+        "stream that reads passes until shutdown: read ctx.should_stop after every pass, and "
+        "this note goes away.)"], lines
+    wait_gone(pids, 15)
+
+
 def test_a_strategy_made_after_the_dataset_is_told_how_to_order_them(spark):
     # TensorFlow only says "Collective ops must be configured at program startup"
     from tests.dataplane.mains import late_strategy_main
