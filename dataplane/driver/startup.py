@@ -83,6 +83,29 @@ def _fixed_slots(spark: Any) -> tuple[str, int] | None:
     return None
 
 
+def dynamic_allocation_refuses(master: str, enabled: str, testing: str = "false") -> bool:
+    """Whether Spark refuses a barrier stage under these settings, by Spark's own rule: dynamic
+    allocation is on (``spark.dynamicAllocation.enabled``) and the master is not local
+    (``local``, ``local[...]``: Spark ignores the setting there, unless
+    ``spark.dynamicAllocation.testing``)."""
+    on = str(enabled).strip().lower() == "true"
+    local = master == "local" or master.startswith("local[")
+    return on and (not local or str(testing).strip().lower() == "true")
+
+
+def _dynamic_allocation(spark: Any) -> str | None:
+    """The master, if the session has dynamic allocation on where Spark applies it."""
+    try:
+        get = spark.conf.get  # classic and Spark Connect alike
+        master = str(get("spark.master", ""))
+        if dynamic_allocation_refuses(master, get("spark.dynamicAllocation.enabled", "false"),
+                                      get("spark.dynamicAllocation.testing", "false")):
+            return master
+    except Exception:  # noqa: BLE001 - nothing to check against: Spark says so if it refuses
+        pass
+    return None
+
+
 def run(
     spark: Any,
     main: Callable[[Any, Any], Any],
@@ -143,11 +166,23 @@ def run(
             ``node.log``, removed when the node exits.
 
     Raises:
-        ValueError / TypeError: bad arguments.
+        ValueError / TypeError: bad arguments, or a session with dynamic allocation on
+            (Spark refuses barrier stages then).
         ReservationError: not every node registered within ``reservation_timeout``.
         NodeError: a node failed to start (the message carries its error).
     """
     _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range)
+    dynamic = _dynamic_allocation(spark)
+    if dynamic is not None:
+        raise ValueError(
+            f"dataplane.run starts its {num_nodes} nodes as one barrier stage, which Spark "
+            f"refuses while dynamic allocation is on (spark.dynamicAllocation.enabled=true, "
+            f"master {dynamic!r}): a TF cluster has a fixed size, and an executor Spark "
+            f"removed when idle would take a node with it. Start the session with "
+            f".config('spark.dynamicAllocation.enabled', 'false') (spark-submit: --conf "
+            f"spark.dynamicAllocation.enabled=false) and at least {num_nodes} executor task "
+            f"slots (spark.executor.instances x spark.executor.cores)."
+        )
     fixed = _fixed_slots(spark)
     if fixed is not None and fixed[1] < num_nodes:
         master, slots = fixed

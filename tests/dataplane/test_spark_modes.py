@@ -134,3 +134,68 @@ def test_spark_connect_start_feed_inference_shutdown(tmp_path):
     assert result["session"] == "pyspark.sql.connect.session"
     kind, text = result["feed_stream"]
     assert kind == "TypeError" and text.startswith("feed_stream needs a classic SparkSession"), text
+
+
+_DYNAMIC = textwrap.dedent(
+    """
+    import json, time
+    from pyspark.sql import SparkSession
+    import dataplane
+    from tests.dataplane.mains import feed_main
+    spark = (SparkSession.builder.master("local-cluster[1,1,512]").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "512m")
+             .config("spark.dynamicAllocation.enabled", "true")
+             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true").getOrCreate())
+    result = {}
+    try:  # Spark's own refusal, which run() mirrors
+        spark.sparkContext.parallelize([1], 1).barrier().mapPartitions(lambda it: it).collect()
+        result["barrier"] = "ran"
+    except Exception as e:
+        result["barrier"] = "BarrierJobRunWithDynamicAllocationException" in str(e)
+    t0 = time.monotonic()
+    try:
+        dataplane.run(spark, feed_main, {}, num_nodes=2)
+        result["run"] = "started"
+    except Exception as e:
+        result["run"] = [type(e).__name__, str(e)]
+    result["seconds"] = time.monotonic() - t0
+    print("RESULT " + json.dumps(result), flush=True)
+    """
+)
+
+
+def test_dynamic_allocation_is_refused_before_any_node_starts(tmp_path):
+    # Spark refuses barrier stages under dynamic allocation, but only once the job is submitted,
+    # under a Py4J traceback; run() says it first, with the setting to change
+    script = tmp_path / "driver.py"
+    script.write_text(_DYNAMIC)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["barrier"] is True, result
+    assert result["run"] == ["ValueError", (
+        "dataplane.run starts its 2 nodes as one barrier stage, which Spark refuses while dynamic "
+        "allocation is on (spark.dynamicAllocation.enabled=true, master 'local-cluster[1,1,512]'): "
+        "a TF cluster has a fixed size, and an executor Spark removed when idle would take a node "
+        "with it. Start the session with .config('spark.dynamicAllocation.enabled', 'false') "
+        "(spark-submit: --conf spark.dynamicAllocation.enabled=false) and at least 2 executor task "
+        "slots (spark.executor.instances x spark.executor.cores).")], result
+    assert result["seconds"] < 5, result  # no barrier job (Spark's refusal would be the error)
+
+
+@pytest.mark.parametrize("master, enabled, testing, refused", [
+    ("yarn", "true", "false", True),
+    ("k8s://https://10.0.0.1:6443", "TRUE", "false", True),
+    ("spark://10.0.0.1:7077", "true", "false", True),
+    ("local-cluster[2,1,1024]", "true", "false", True),
+    ("yarn", "false", "false", False),
+    ("local[4]", "true", "false", False),  # Spark ignores dynamic allocation on a local master
+    ("local", "true", "false", False),
+    ("local[4]", "true", "true", True),  # ... unless testing it
+])
+def test_the_dynamic_allocation_rule_is_sparks(master, enabled, testing, refused):
+    from dataplane.driver.startup import dynamic_allocation_refuses
+
+    assert dynamic_allocation_refuses(master, enabled, testing) is refused
