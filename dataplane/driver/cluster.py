@@ -129,7 +129,9 @@ class Cluster:
             feed_timeout: seconds the call may stand still: it fails once no row has moved
                 into or out of any worker's buffer for that long (a node that stops reading, a
                 stuck job, a main still setting up before its first ``ctx.dataset()``: the
-                error says which). Training that keeps reading is never cut short, however long.
+                error says which). Training that keeps reading is never cut short, however long,
+                nor is Spark computing an expensive DataFrame (its tasks running, none held
+                back by a node).
             cache: push ``df`` once (one Spark job) and let every worker replay its share for
                 the later epochs itself, from memory up to ``run(cache_bytes=...)`` and from
                 Arrow IPC files in its work directory beyond that (removed at shutdown).

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.pushjob import FeedClock, PushJobs, feed_timeout_error
+from dataplane.driver.pushjob import FeedClock, Moved, PushJobs, feed_timeout_error
 from dataplane.driver.sparkjobs import arrow_schema_of
 from dataplane.errors import ClusterStateError, FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
@@ -736,14 +736,18 @@ class Feeder:
                 logger.warning("could not end epoch %d on every node after a failed push: %s", ep.epoch, e)
                 return
 
-    def _rows_moved(self, workers: Sequence[NodeInfo]) -> int:
+    def _rows_moved(self, workers: Sequence[NodeInfo]) -> Moved:
         """Rows the workers have taken in, taken out of their buffers and handed to TensorFlow
-        so far (progress for :class:`FeedClock`). The last counts too because a pass takes
-        up to a buffer's worth at once: 64 MiB of narrow rows is minutes of steps for a slow
-        model, and while it trains on them nothing else moves."""
+        so far (progress for :class:`FeedClock`), and how long pushing tasks waited on their
+        full buffers. Rows handed on count too because a pass takes up to a buffer's worth at
+        once: 64 MiB of narrow rows is minutes of steps for a slow model, and while it trains
+        on them nothing else moves."""
         replies = self._each(workers, Action.METRICS, lambda n: {})
-        return sum(int(m.get("rows_in", 0)) + int(m.get("rows_taken", 0)) + int(m.get("rows_yielded", 0))
-                   for m in replies.values())
+        return Moved(
+            sum(int(m.get("rows_in", 0)) + int(m.get("rows_taken", 0)) + int(m.get("rows_yielded", 0))
+                for m in replies.values()),
+            sum(float(m.get("stall_seconds", 0.0)) for m in replies.values()),
+        )
 
     def _run_epochs(self, books, report, clock, progress, t0) -> None:  # type: ignore[no-untyped-def]
         for i, ep in enumerate(books):

@@ -18,11 +18,18 @@ from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 
-__all__ = ["PushJobs", "FeedClock", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
+__all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
 
 # Push tasks per task slot at most (PushJobs.as_pushed): enough to keep every slot busy and
 # balanced, few enough that Spark's per-task cost stays small (docs/design.md, "Few tasks").
 TASKS_PER_SLOT = 4
+
+
+class Moved(NamedTuple):
+    """What :class:`FeedClock` reads from the nodes at each look."""
+
+    rows: int  # rows taken into, out of and on from the workers' buffers so far
+    stall_seconds: float | None  # time pushing tasks waited on a full buffer (None: unknown)
 
 
 class FeedClock:
@@ -35,9 +42,15 @@ class FeedClock:
     node metrics every few seconds. (Asked only once the time was up, rows that moved early
     in a window restarted the wait from then: a node that stalled soon after the push ended
     failed the call after twice ``feed_timeout``.)
+
+    Spark still computing the rows is not standing still: a look at which no row moved, no
+    pushing task waited on a full buffer since the last look, and ``spark_working()`` (the push
+    job has tasks running) is true counts as a move. So an expensive DataFrame (a long
+    shuffle before the push, slow rows in its own stage) is never cut off by ``feed_timeout``,
+    while a task held back by a node that stops reading still is.
     """
 
-    def __init__(self, timeout: float, moved: Callable[[], int]) -> None:
+    def __init__(self, timeout: float, moved: Callable[[], Moved]) -> None:
         self.timeout = timeout
         self._moved = moved
         self._seen = moved()
@@ -46,7 +59,7 @@ class FeedClock:
         self._next_look = self._last_move + self._step
         self._verdict = False
 
-    def expired(self) -> bool:
+    def expired(self, spark_working: Callable[[], bool] | None = None) -> bool:
         """Whether nothing moved for ``timeout``, as of the last look at the nodes; a look is
         taken when one is due. Between looks the last answer stands, so asking twice in one
         round answers alike (a False between looks made a second question in a round never
@@ -58,9 +71,12 @@ class FeedClock:
         try:
             seen = self._moved()
         except Exception:  # noqa: BLE001 - nodes that cannot answer are not moving rows
-            seen = self._seen
-        if seen != self._seen:
-            self._seen, self._last_move = seen, now
+            seen = Moved(self._seen.rows, None)
+        held_back = seen.stall_seconds is None or seen.stall_seconds != self._seen.stall_seconds
+        if seen.rows != self._seen.rows or (
+                spark_working is not None and not held_back and spark_working()):
+            self._last_move = now
+        self._seen = seen
         self._verdict = now - self._last_move >= self.timeout
         return self._verdict
 
@@ -300,6 +316,6 @@ class PushJobs:
             if err is not None:
                 job.cancel()
                 raise err
-            if clock.expired():
+            if clock.expired(job.working):
                 job.cancel()
                 raise feed_timeout_error(what, clock.timeout, why_late() if why_late else "")

@@ -77,12 +77,16 @@ class SparkJob:
         self._fn = fn
         self.future: Future = Future()
         self._cancelled = False
+        self._inflight = 0  # Spark Connect: tasks running, from the server's progress reports
         self._chaser: threading.Thread | None = None
         self._thread = threading.Thread(target=self._run, name=self.tag, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        watch = is_connect(self.spark) and hasattr(self.spark, "registerProgressHandler")  # pyspark 4
         try:
+            if watch:
+                self.spark.registerProgressHandler(self._progress)
             if is_connect(self.spark):
                 self.spark.addTag(self.tag)
             else:
@@ -100,11 +104,37 @@ class SparkJob:
             try:
                 if is_connect(self.spark):
                     self.spark.removeTag(self.tag)
+                if watch:
+                    self.spark.removeProgressHandler(self._progress)
             except Exception:  # noqa: BLE001
                 pass
 
     def done(self) -> bool:
         return self.future.done()
+
+    def _progress(self, stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
+        # called for every operation of the session, each in the thread that runs it
+        if threading.current_thread() is self._thread:
+            self._inflight = 0 if done else int(inflight_tasks)
+
+    def working(self) -> bool:
+        """Whether Spark is running tasks of this job now (computing its rows, or waiting in
+        them); False when Spark does not say (Spark Connect before pyspark 4)."""
+        if self.future.done():
+            return False
+        if is_connect(self.spark):
+            return self._inflight > 0
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            for job_id in tracker.getJobIdsForGroup(self.tag):
+                job = tracker.getJobInfo(job_id)
+                for stage_id in (job.stageIds if job is not None and job.status == "RUNNING" else ()):
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None and stage.numActiveTasks > 0:
+                        return True
+        except Exception:  # noqa: BLE001 - the session may be stopping
+            pass
+        return False
 
     def cancel(self) -> None:
         """Cancel every Spark job started by ``fn`` (running tasks are interrupted), including

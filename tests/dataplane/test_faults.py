@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -686,14 +687,40 @@ def test_a_slow_model_training_on_one_big_take_is_not_standing_still(spark, tmp_
         cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
 
 
+def _slow_id(i):  # type: ignore[no-untyped-def]
+    time.sleep(0.08)
+    return i
+
+
+def test_a_dataframe_slow_to_compute_is_not_standing_still(spark, tmp_path):
+    # An expensive DataFrame: a stage of 24 s (300 rows a task at 0.08 s a row) before a
+    # shuffle, so no row reaches a node for longer than feed_timeout=15. Spark is working and
+    # no node holds a task back: the call used to fail with "no row moved into or out of any
+    # node ... Node(s) [0] read none of it", blaming the node (TFoS's feed_timeout limited only
+    # a wait on a node's queue). A task held back by a node that stops reading still fails
+    # the call (test_a_main_that_never_builds_its_dataset_is_told_so_not_as_having_stopped_reading).
+    from pyspark.sql import functions as F
+
+    from tests.builders import row_checksum
+    from tests.dataplane.mains import feed_main
+
+    df = make_df(spark, 600, 2).withColumn("id", F.udf(_slow_id, "long")("id")).repartition(2, "id")
+    with dataplane.run(spark, feed_main, {"dir": str(tmp_path)}, num_nodes=1) as cluster:
+        t0 = time.monotonic()
+        report = cluster.train(df, num_epochs=1, feed_timeout=15)
+        assert time.monotonic() - t0 > 20 and report.rows == 600 and report.rows_unconsumed == {}, report
+        got = wait_json(tmp_path / "node0-epoch0.json")
+    assert (got["count"], got["sumsq"]) == row_checksum(np.arange(600))
+
+
 def test_feed_timeout_counts_from_the_last_row_that_moved():
     # rows move early in the first window (the push fills the buffer), then a node stalls:
     # the clock used to look only when a window ended, see that rows had moved, and start a
     # whole new window from then, so train failed after about twice feed_timeout
-    from dataplane.driver.pushjob import FeedClock
+    from dataplane.driver.pushjob import FeedClock, Moved
 
     t0 = time.monotonic()
-    clock = FeedClock(2.0, lambda: 100 if time.monotonic() - t0 > 0.2 else 0)
+    clock = FeedClock(2.0, lambda: Moved(100 if time.monotonic() - t0 > 0.2 else 0, 0.0))
     while not clock.expired():
         time.sleep(0.01)
     assert 2.2 <= time.monotonic() - t0 < 3.2  # 2.2 s after the move, plus a look (0.2 s)
@@ -702,7 +729,7 @@ def test_feed_timeout_counts_from_the_last_row_that_moved():
         raise ConnectionError("node gone")
 
     t0 = time.monotonic()
-    clock = FeedClock(1.0, lambda: 0)
+    clock = FeedClock(1.0, lambda: Moved(0, 0.0))
     clock._moved = unreachable  # nodes that cannot answer move no rows: expired after 1 s
     while not clock.expired():
         time.sleep(0.01)

@@ -58,6 +58,13 @@ _SCRIPT = textwrap.dedent(
         deadline = time.monotonic() + 120
         while len(glob.glob(os.path.join(out, "node*-epoch3.json"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
+        if mode == "connect":  # Spark computing the rows (8 s before a shuffle) is not standing still
+            from pyspark.sql import functions as F
+            slow = F.udf(lambda i: time.sleep(0.08) or i, "long")
+            t0 = time.monotonic()
+            rep = c.train(make_df(spark, 200, 2).withColumn("id", slow("id")).repartition(2, "id"),
+                          num_epochs=1, feed_timeout=5)
+            result["slow"] = [rep.rows, time.monotonic() - t0 > 8]
     # column names with dots and spaces (the push runs on stand-in names) and a Spark ML vector
     from pyspark.ml.functions import array_to_vector
     from tests.dataplane.test_spark_frames import _names_frame, names_main
@@ -132,6 +139,7 @@ def test_separate_executor_jvms_local_cluster(tmp_path):
 def test_spark_connect_start_feed_inference_shutdown(tmp_path):
     result = _run("connect", tmp_path)
     assert result["session"] == "pyspark.sql.connect.session"
+    assert result["slow"] == [200, True]
     kind, text = result["feed_stream"]
     assert kind == "TypeError" and text.startswith("feed_stream needs a classic SparkSession"), text
 
