@@ -130,8 +130,9 @@ class Cluster:
                 into or out of any worker's buffer for that long (a node that stops reading, a
                 stuck job, a main still setting up before its first ``ctx.dataset()``: the
                 error says which). Training that keeps reading is never cut short, however long,
-                nor is Spark computing an expensive DataFrame (its tasks running, none held
-                back by a node).
+                nor is Spark computing an expensive DataFrame as long as it finishes tasks
+                (a long shuffle before the push); one task slower than this before its first
+                row is.
             cache: push ``df`` once (one Spark job) and let every worker replay its share for
                 the later epochs itself, from memory up to ``run(cache_bytes=...)`` and from
                 Arrow IPC files in its work directory beyond that (removed at shutdown).

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.pushjob import FeedClock, Moved, PushJobs, feed_timeout_error
+from dataplane.driver.pushjob import FeedClock, Moved, PushJobs, feed_timeout_error, row_bytes
 from dataplane.driver.sparkjobs import arrow_schema_of
 from dataplane.errors import ClusterStateError, FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
@@ -804,7 +804,8 @@ class Feeder:
                 f"pushing {ep.name}")
         held = tuple(ep.carried_in.get(n.node_id, 0) for n in ep.workers) if ep.carry else None
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch, what=what, clock=clock,
-                              why_late=lambda: self._unread(ep), held=held)
+                              why_late=lambda: self._unread(ep), held=held,
+                              row_size=row_bytes(sp.schema, sp.shapes))
         report.spark_jobs += 1
         report.spark_tasks += len({r["partition"] for r in rows})
         sent: dict[int, int] = {}
@@ -831,6 +832,16 @@ class Feeder:
         except Exception:  # noqa: BLE001 - the timeout error stands without this
             return ""
         states = {nid: EpochState.from_json(r) for nid, r in replies.items()}
+        if states and not any(st.rows or st.closed for st in states.values()):
+            return (
+                "No row of it reached any node: the push job's tasks, which finished none of "
+                "their work meanwhile, sent nothing. A task that computes its first rows for "
+                "longer (a slow UDF) needs a larger feed_timeout; else a task may be stuck: "
+                "the executors' logs say why (on Spark 3.x an OutOfMemoryError in a 'stdout "
+                "writer' thread leaves its task waiting for ever: lower "
+                "spark.sql.execution.arrow.maxRecordsPerBatch for wide rows, or give the "
+                "executors more memory)."
+            )
         idle = _unstarted(states)
         if not idle:
             return ""

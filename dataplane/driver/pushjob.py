@@ -20,6 +20,14 @@ from feeders.protocol import chunk_bytes
 
 __all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
 
+# Spark 4 cuts the Arrow batches a mapInArrow task gets at spark.sql.execution.arrow.
+# maxBytesPerBatch; Spark 3.5 only at maxRecordsPerBatch rows (10,000 by default), so 10,000
+# image rows of 600 KB are a 6 GB batch: its executor runs out of direct memory in the thread
+# that writes to Python ("stdout writer"), and the task then waits forever. A push of rows
+# whose size is known is given batches of about this many bytes there (see PushJobs.run).
+ARROW_BATCH_BYTES = 64 << 20
+_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
 # Push tasks per task slot at most (PushJobs.as_pushed): enough to keep every slot busy and
 # balanced, few enough that Spark's per-task cost stays small (docs/design.md, "Few tasks").
 TASKS_PER_SLOT = 4
@@ -43,11 +51,12 @@ class FeedClock:
     in a window restarted the wait from then: a node that stalled soon after the push ended
     failed the call after twice ``feed_timeout``.)
 
-    Spark still computing the rows is not standing still: a look at which no row moved, no
-    pushing task waited on a full buffer since the last look, and ``spark_working()`` (the push
-    job has tasks running) is true counts as a move. So an expensive DataFrame (a long
-    shuffle before the push, slow rows in its own stage) is never cut off by ``feed_timeout``,
-    while a task held back by a node that stops reading still is.
+    Spark finishing work on the rows is not standing still either: a look at which no row
+    moved, but ``spark_progress()`` (tasks the push job finished, in any of its stages) grew
+    and no pushing task waited on a full buffer since the last look, counts as a move. So an
+    expensive DataFrame (a long shuffle before the push) is not cut off by ``feed_timeout``,
+    while a task held back by a node that stops reading, or a Spark job that finishes nothing
+    (a task that hangs), still is.
     """
 
     def __init__(self, timeout: float, moved: Callable[[], Moved]) -> None:
@@ -58,8 +67,9 @@ class FeedClock:
         self._last_move = time.monotonic()
         self._next_look = self._last_move + self._step
         self._verdict = False
+        self._spark: int | None = None  # spark_progress() at the last look
 
-    def expired(self, spark_working: Callable[[], bool] | None = None) -> bool:
+    def expired(self, spark_progress: Callable[[], int | None] | None = None) -> bool:
         """Whether nothing moved for ``timeout``, as of the last look at the nodes; a look is
         taken when one is due. Between looks the last answer stands, so asking twice in one
         round answers alike (a False between looks made a second question in a round never
@@ -73,8 +83,10 @@ class FeedClock:
         except Exception:  # noqa: BLE001 - nodes that cannot answer are not moving rows
             seen = Moved(self._seen.rows, None)
         held_back = seen.stall_seconds is None or seen.stall_seconds != self._seen.stall_seconds
-        if seen.rows != self._seen.rows or (
-                spark_working is not None and not held_back and spark_working()):
+        spark = spark_progress() if spark_progress is not None else None
+        spark_moved = None not in (spark, self._spark) and spark != self._spark
+        self._spark = spark
+        if seen.rows != self._seen.rows or (spark_moved and not held_back):
             self._last_move = now
         self._seen = seen
         self._verdict = now - self._last_move >= self.timeout
@@ -92,6 +104,27 @@ def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
         f"{what}: no row moved into or out of any node for feed_timeout={timeout:.0f} s; the job "
         f"was cancelled. {why}"
     )
+
+
+def row_bytes(schema: pa.Schema, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes a row takes in Arrow, as far as the schema and the shape scan tell: fixed-width
+    columns and arrays of one shape (strings, binaries and ragged arrays count nothing)."""
+    import math
+
+    from formats.schema import is_list_type
+
+    total = 0
+    for f in schema:
+        t, n = f.type, 1
+        if f.name in shapes:
+            n = math.prod(shapes[f.name])
+            while is_list_type(t):
+                t = t.value_type
+        try:
+            total += n * max(t.bit_width // 8, 1)
+        except ValueError:  # not fixed-width: a string, a binary, a ragged array
+            pass
+    return total
 
 
 class ShapeScan(NamedTuple):
@@ -150,6 +183,17 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     return ShapeScan(out, int(row["rows"]), ragged)
 
 
+def _with_conf(spark: Any, key: str, value: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` with the session's SQL setting ``key`` at ``value`` (read when its query is
+    planned, in this thread), then set back."""
+    old = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        return fn()
+    finally:
+        spark.conf.set(key, old)
+
+
 def _schema_message(e: BaseException) -> str | None:
     """A pushing task's SchemaError message, if that is why the job failed."""
     m = re.search(r"SchemaError: (.+)", str(e))
@@ -187,12 +231,17 @@ class PushJobs:
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
             what: str, clock: FeedClock, why_late: Callable[[], str] | None = None,
-            held: tuple[int, ...] | None = None) -> list[Any]:
+            held: tuple[int, ...] | None = None, row_size: int = 0) -> list[Any]:
         """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS).
         ``why_late``: asked, if nothing moves for ``clock.timeout``, what the nodes say about it.
-        ``held``: see :class:`feeders.push.PartitionPusher`."""
+        ``held``: see :class:`feeders.push.PartitionPusher`. ``row_size``: bytes a row takes
+        at least (:func:`row_bytes`), for the Arrow batch size on Spark 3.5."""
         pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, held)
-        job = SparkJob(self.spark, f"dataplane: {what}", pushed.collect, properties)
+        collect = pushed.collect
+        rows = self._records_per_batch(row_size)
+        if rows is not None:
+            collect = lambda: _with_conf(self.spark, _RECORDS_PER_BATCH, str(rows), pushed.collect)  # noqa: E731
+        job = SparkJob(self.spark, f"dataplane: {what}", collect, properties)
         try:
             return self._wait(job, clock, what, why_late)
         except BaseException:
@@ -202,6 +251,21 @@ class PushJobs:
             # cancelled"). The next push builds its frame afresh.
             self._push_frame = None
             raise
+
+    def _records_per_batch(self, row_size: int) -> int | None:
+        """The ``maxRecordsPerBatch`` that keeps a push job's Arrow batches near
+        :data:`ARROW_BATCH_BYTES` on a Spark without a byte limit of its own (before 4.0), if
+        lower than the session's; else None (the session's setting stands)."""
+        if row_size <= 0 or is_connect(self.spark):
+            return None
+        try:
+            if int(str(self.spark.version).split(".")[0]) >= 4:
+                return None
+            current = int(self.spark.conf.get(_RECORDS_PER_BATCH))
+        except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
+            return None
+        want = max(1, ARROW_BATCH_BYTES // row_size)
+        return want if current <= 0 or want < current else None
 
     def shapes(self, df: Any, schema: pa.Schema) -> ShapeScan:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
@@ -316,6 +380,6 @@ class PushJobs:
             if err is not None:
                 job.cancel()
                 raise err
-            if clock.expired(job.working):
+            if clock.expired(job.progress):
                 job.cancel()
                 raise feed_timeout_error(what, clock.timeout, why_late() if why_late else "")

@@ -77,7 +77,7 @@ class SparkJob:
         self._fn = fn
         self.future: Future = Future()
         self._cancelled = False
-        self._inflight = 0  # Spark Connect: tasks running, from the server's progress reports
+        self._finished = 0  # Spark Connect: tasks finished, from the server's progress reports
         self._chaser: threading.Thread | None = None
         self._thread = threading.Thread(target=self._run, name=self.tag, daemon=True)
         self._thread.start()
@@ -115,26 +115,25 @@ class SparkJob:
     def _progress(self, stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
         # called for every operation of the session, each in the thread that runs it
         if threading.current_thread() is self._thread:
-            self._inflight = 0 if done else int(inflight_tasks)
+            self._finished = sum(int(st.num_completed_tasks) for st in stages or ())
 
-    def working(self) -> bool:
-        """Whether Spark is running tasks of this job now (computing its rows, or waiting in
-        them); False when Spark does not say (Spark Connect before pyspark 4)."""
-        if self.future.done():
-            return False
+    def progress(self) -> int | None:
+        """A count that grows as Spark finishes tasks of this job (of every stage, those
+        computing the rows before a shuffle too); None when Spark does not say (Spark Connect
+        before pyspark 4). Spark's own counts lag by up to an executor heartbeat."""
         if is_connect(self.spark):
-            return self._inflight > 0
+            return self._finished if hasattr(self.spark, "registerProgressHandler") else None
         try:
             tracker = self.spark.sparkContext.statusTracker()
+            done = 0
             for job_id in tracker.getJobIdsForGroup(self.tag):
                 job = tracker.getJobInfo(job_id)
-                for stage_id in (job.stageIds if job is not None and job.status == "RUNNING" else ()):
+                for stage_id in (job.stageIds if job is not None else ()):
                     stage = tracker.getStageInfo(stage_id)
-                    if stage is not None and stage.numActiveTasks > 0:
-                        return True
+                    done += stage.numCompletedTasks if stage is not None else 0
+            return done
         except Exception:  # noqa: BLE001 - the session may be stopping
-            pass
-        return False
+            return None
 
     def cancel(self) -> None:
         """Cancel every Spark job started by ``fn`` (running tasks are interrupted), including

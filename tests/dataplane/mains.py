@@ -279,6 +279,14 @@ def keras_fit_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
         model.fit(ds.map(lambda f, y: (f["x"], y)), epochs=1, verbose=0)
 
 
+def wide_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Read every pushed epoch to the end (wide rows: nothing kept), until stopped."""
+    ds = ctx.dataset(batch_size=64)
+    while not ctx.should_stop:
+        for _ in ds:
+            pass
+
+
 def print_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Prints as users' mains do (a line, a line without its newline), then maybe raises."""
     import sys

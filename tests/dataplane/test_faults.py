@@ -688,27 +688,28 @@ def test_a_slow_model_training_on_one_big_take_is_not_standing_still(spark, tmp_
 
 
 def _slow_id(i):  # type: ignore[no-untyped-def]
-    time.sleep(0.08)
+    time.sleep(0.06)
     return i
 
 
 def test_a_dataframe_slow_to_compute_is_not_standing_still(spark, tmp_path):
-    # An expensive DataFrame: a stage of 24 s (300 rows a task at 0.08 s a row) before a
-    # shuffle, so no row reaches a node for longer than feed_timeout=15. Spark is working and
-    # no node holds a task back: the call used to fail with "no row moved into or out of any
-    # node ... Node(s) [0] read none of it", blaming the node (TFoS's feed_timeout limited only
-    # a wait on a node's queue). A task held back by a node that stops reading still fails
-    # the call (test_a_main_that_never_builds_its_dataset_is_told_so_not_as_having_stopped_reading).
+    # An expensive DataFrame: a stage of 12 tasks, 3 s each (50 rows at 0.06 s), 12 s or more
+    # on 3 task slots before a shuffle, so no row reaches a node for longer than
+    # feed_timeout=8. Spark finishes tasks all the while: the call used to fail with "no row
+    # moved into or out of any node ... Node(s) [0] read none of it", blaming the node (TFoS's
+    # feed_timeout limited only a wait on a node's queue). A push whose tasks finish nothing
+    # and a task held back by a node that stops reading still fail the call
+    # (test_a_main_that_never_builds_its_dataset_is_told_so_not_as_having_stopped_reading).
     from pyspark.sql import functions as F
 
     from tests.builders import row_checksum
     from tests.dataplane.mains import feed_main
 
-    df = make_df(spark, 600, 2).withColumn("id", F.udf(_slow_id, "long")("id")).repartition(2, "id")
+    df = make_df(spark, 600, 12).withColumn("id", F.udf(_slow_id, "long")("id")).repartition(2, "id")
     with dataplane.run(spark, feed_main, {"dir": str(tmp_path)}, num_nodes=1) as cluster:
         t0 = time.monotonic()
-        report = cluster.train(df, num_epochs=1, feed_timeout=15)
-        assert time.monotonic() - t0 > 20 and report.rows == 600 and report.rows_unconsumed == {}, report
+        report = cluster.train(df, num_epochs=1, feed_timeout=8)
+        assert time.monotonic() - t0 > 12 and report.rows == 600 and report.rows_unconsumed == {}, report
         got = wait_json(tmp_path / "node0-epoch0.json")
     assert (got["count"], got["sumsq"]) == row_checksum(np.arange(600))
 

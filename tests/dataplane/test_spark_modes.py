@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pyarrow as pa
 import pyspark
 import pytest
 
@@ -58,11 +59,11 @@ _SCRIPT = textwrap.dedent(
         deadline = time.monotonic() + 120
         while len(glob.glob(os.path.join(out, "node*-epoch3.json"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        if mode == "connect":  # Spark computing the rows (8 s before a shuffle) is not standing still
+        if mode == "connect":  # Spark finishing tasks (16 of 1 s before a shuffle) is not standing still
             from pyspark.sql import functions as F
             slow = F.udf(lambda i: time.sleep(0.08) or i, "long")
             t0 = time.monotonic()
-            rep = c.train(make_df(spark, 200, 2).withColumn("id", slow("id")).repartition(2, "id"),
+            rep = c.train(make_df(spark, 200, 16).withColumn("id", slow("id")).repartition(2, "id"),
                           num_epochs=1, feed_timeout=5)
             result["slow"] = [rep.rows, time.monotonic() - t0 > 8]
     # column names with dots and spaces (the push runs on stand-in names) and a Spark ML vector
@@ -207,3 +208,51 @@ def test_the_dynamic_allocation_rule_is_sparks(master, enabled, testing, refused
     from dataplane.driver.startup import dynamic_allocation_refuses
 
     assert dynamic_allocation_refuses(master, enabled, testing) is refused
+
+
+_WIDE = textwrap.dedent(
+    """
+    import json
+    from pyspark.sql import SparkSession
+    import dataplane
+    from tests.dataplane.mains import wide_main
+    # Spark's default memory: 1 GiB of heap, and as much direct memory for Arrow
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    df = spark.range(0, 40000, 1, 2).selectExpr("id", "array_repeat(cast(id as float), 12288) as img")
+    with dataplane.run(spark, wide_main, {}, num_nodes=1) as c:
+        rep = c.train(df, 1, feed_timeout=60)
+        result = {"rows": rep.rows, "bytes": rep.bytes, "read": c.metrics()[0]["rows_yielded"]}
+    print("RESULT " + json.dumps(result), flush=True)
+    """
+)
+
+
+def test_image_rows_of_48_kib_fit_in_spark_default_memory(tmp_path):
+    # 40,000 rows of 64x64x3 float32 in two partitions: Spark 3.5 hands a mapInArrow task
+    # Arrow batches of 10,000 rows (480 MB) whatever their size, two tasks ran out of the
+    # 1 GiB of direct memory in the thread writing to Python, and the push stood still until
+    # feed_timeout. The push job asks for batches of about 64 MiB there (Spark 4 cuts them
+    # by bytes itself).
+    script = tmp_path / "driver.py"
+    script.write_text(_WIDE)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    # bytes: id, the floats and one list offset a row
+    assert result == {"rows": 40000, "bytes": 40000 * (8 + 12288 * 4 + 4), "read": 40000}, result
+    assert "OutOfMemoryError" not in proc.stderr, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("fields, shapes, size", [
+    ([("id", "int64"), ("img", pa.list_(pa.float32()))], {"img": (64, 64, 3)}, 8 + 12288 * 4),
+    ([("x", "float64"), ("tags", pa.list_(pa.int64()))], {}, 8),  # ragged: counts nothing
+    ([("jpeg", pa.binary()), ("label", "int32")], {}, 4),
+    ([("m", pa.list_(pa.list_(pa.float64())))], {"m": (8, 8)}, 512),
+])
+def test_the_bytes_a_row_takes_are_what_its_schema_and_shapes_say(fields, shapes, size):
+    from dataplane.driver.pushjob import row_bytes
+
+    assert row_bytes(pa.schema(fields), shapes) == size
