@@ -191,8 +191,6 @@ _RAGGED_INPUT = (
     "fails naming its row. Variable-length data needs padding or a model that takes ragged input."
 )
 
-# TensorFlow errors whose message does not say what the program should do differently here:
-# (every text the traceback must hold, the fix)
 # the causes of an empty pass the traceback cannot tell apart; a node that knows why its
 # pass was empty says so instead (see dataplane.driver.cluster)
 EMPTY_FIRST_EPOCH = (
@@ -201,6 +199,8 @@ EMPTY_FIRST_EPOCH = (
     "with ctx.dataset(drop_remainder=True), fewer rows per worker than one batch (the node's "
     "log says so): push more rows or use a smaller batch_size.")
 
+# TensorFlow errors whose message does not say what the program should do differently here:
+# (every text the traceback must hold, the fix)
 _KNOWN_FIXES = (
     (("Collective ops must be configured at program startup",),
      "Create tf.distribute.MultiWorkerMirroredStrategy() first thing in main, before "

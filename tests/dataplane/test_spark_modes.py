@@ -173,16 +173,21 @@ _DYNAMIC = textwrap.dedent(
 )
 
 
-def test_dynamic_allocation_is_refused_before_any_node_starts(tmp_path):
-    # Spark refuses barrier stages under dynamic allocation, but only once the job is submitted,
-    # under a Py4J traceback; run() says it first, with the setting to change
-    script = tmp_path / "driver.py"
-    script.write_text(_DYNAMIC)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+def _driver(script: str, tmp_path) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run ``script`` as a driver program of its own; what it printed after RESULT."""
+    path = tmp_path / "driver.py"
+    path.write_text(script)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT "):]), proc
+
+
+def test_dynamic_allocation_is_refused_before_any_node_starts(tmp_path):
+    # Spark refuses barrier stages under dynamic allocation, but only once the job is submitted,
+    # under a Py4J traceback; run() says it first, with the setting to change
+    result, _ = _driver(_DYNAMIC, tmp_path)
     assert result["barrier"] is True, result
     assert result["run"] == ["ValueError", (
         "dataplane.run starts its 2 nodes as one barrier stage, which Spark refuses while dynamic "
@@ -234,13 +239,7 @@ def test_image_rows_of_48_kib_fit_in_spark_default_memory(tmp_path):
     # 1 GiB of direct memory in the thread writing to Python, and the push stood still until
     # feed_timeout. The push job asks for batches of about 64 MiB there (Spark 4 cuts them
     # by bytes itself).
-    script = tmp_path / "driver.py"
-    script.write_text(_WIDE)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result, proc = _driver(_WIDE, tmp_path)
     # bytes: id, the floats and one list offset a row
     assert result == {"rows": 40000, "bytes": 40000 * (8 + 12288 * 4 + 4), "read": 40000}, result
     assert "OutOfMemoryError" not in proc.stderr, proc.stderr[-4000:]
