@@ -192,7 +192,7 @@ _RAGGED_INPUT = (
 )
 
 # the causes of an empty pass the traceback cannot tell apart; a node that knows why its
-# pass was empty says so instead (see dataplane.driver.cluster)
+# pass was empty says so instead (known_fix's note)
 EMPTY_FIRST_EPOCH = (
     "fit's first epoch got no batch from its dataset: the pass was empty. The DataFrame had "
     "no rows, fewer rows than workers (each worker yields the smallest worker's share), or, "
@@ -234,13 +234,16 @@ _KNOWN_FIXES = (
 )
 
 
-def known_fix(traceback_text: str) -> str | None:
-    """What to do about a failure TensorFlow explains poorly, from its traceback; else None."""
+def known_fix(traceback_text: str, note: str | None = None) -> str | None:
+    """What to do about a failure TensorFlow explains poorly, from its traceback; else None.
+
+    ``note``: what the node saw of its data that may be why (a pass that ended empty, and
+    the reason it knows): it replaces the guesses at why a pass was empty."""
     text = str(traceback_text)
-    for needles, fix in _KNOWN_FIXES:
-        if all(n in text for n in needles):
-            return fix
-    return None
+    fix = next((fix for needles, fix in _KNOWN_FIXES if all(n in text for n in needles)), None)
+    if not note:
+        return fix
+    return "\n".join([*([fix] if fix and fix != EMPTY_FIRST_EPOCH else []), f"The data may be why: {note}"])
 
 
 # lines of TensorFlow's graph errors that only say where, never what

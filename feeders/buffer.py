@@ -138,7 +138,7 @@ class FeedBuffer:
         self._bytes = 0
         self._stopped = False
         self._consumer_done = False
-        # the last ended_empty_note given: main's error, if it raises after such a pass, is
+        # the last note_empty_pass recorded: main's error, if it raises after such a pass, is
         # reported with it (Keras only says its logs were empty)
         self.empty_pass_note: str | None = None
         self.idle_waiters = 0  # consumers blocked until the driver announces another epoch
@@ -615,16 +615,16 @@ class FeedBuffer:
         ))
         return True
 
-    def ended_empty_note(self, split: str) -> str | None:
-        """Why a pass over ``split`` that found no epoch before the node stopped got nothing,
-        if earlier passes read every epoch pushed (None when none was: nothing was pushed).
-        Kept as :attr:`empty_pass_note`."""
-        note = self._ended_empty_note(split)
+    def note_empty_pass(self, split: str) -> str | None:
+        """Records, as :attr:`empty_pass_note`, and returns why a pass over ``split`` that
+        found no epoch before the node stopped got nothing, if earlier passes read every epoch
+        pushed (None, and nothing recorded, when none was: nothing was pushed)."""
+        note = self._why_empty(split)
         if note:
             self.empty_pass_note = note
         return note
 
-    def _ended_empty_note(self, split: str) -> str | None:
+    def _why_empty(self, split: str) -> str | None:
         with self._cond:
             mine = [ep for ep in self._epochs.values() if ep.info.split == split]
             read = sum(1 for ep in mine if not ep.withdrawn)

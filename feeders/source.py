@@ -461,7 +461,7 @@ def push_dataset(
         epoch = claim(first, stream)
         if epoch is None:
             expected = repeat or custom_claim is not None or (reads_until_stop is not None and reads_until_stop())
-            note = None if expected else buffer.ended_empty_note(split)
+            note = None if expected else buffer.note_empty_pass(split)
             if note:  # the node's log, which the driver shows
                 logger.warning("%s", note)
             return None

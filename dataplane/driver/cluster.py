@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
 from dataplane.errors import (
-    EMPTY_FIRST_EPOCH, ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix,
+    ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix,
 )
 from dataplane.driver.feed import Feeder, FeedReport
 from dataplane.driver.sparkjobs import SparkJob, plain_ctrl_c, spark_stopped
@@ -465,10 +465,7 @@ class Cluster:
                 info = self.topology.node(nid) if self.topology else None
                 name = info.describe() if info else f"node {nid}"
                 if st.done and not st.ok:
-                    fix = known_fix(st.traceback)
-                    if st.note:  # the node saw why a pass of main's was empty: no guess then
-                        fix = "\n".join([*([fix] if fix and fix != EMPTY_FIRST_EPOCH else []),
-                                         f"The data may be why: {st.note}"])
+                    fix = known_fix(st.traceback, st.note)
                     summary = error_summary(st.traceback)
                     # a SchemaError on the node is one for the caller too (a null, a shape)
                     cls = NodeSchemaError if summary.split(":", 1)[0].endswith("SchemaError") else NodeError

@@ -216,6 +216,12 @@ def test_known_tensorflow_failures_get_their_fix():
     empty = ("ValueError: Unexpected result of `train_function` (Empty logs). This could be due "
              "to issues in input pipeline that resulted in an empty dataset.")
     assert known_fix(empty).startswith("fit's first epoch got no batch from its dataset: the pass was empty.")
+    # a node that knows why its pass was empty: its note replaces the guesses, other fixes stay
+    note = "a pass over ctx.dataset(split='train') ended without rows: read one pass per epoch."
+    assert known_fix(empty, note) == f"The data may be why: {note}"
+    assert known_fix(keras3_ragged, note) == f"{known_fix(keras3_ragged)}\nThe data may be why: {note}"
+    assert known_fix("ValueError: a bug of main's", note) == f"The data may be why: {note}"
+    assert known_fix(empty, None) == known_fix(empty)
     # Keras' bold on and off do not reach the message
     summary = error_summary(keras3_dict)
     assert "\x1b" not in summary and "The structure of `inputs` doesn't match" in summary, summary

@@ -476,8 +476,9 @@ def test_a_pass_more_than_were_pushed_ends_empty_at_shutdown_and_says_why(caplog
     assert len(notes) == 1 and "ctx.dataset(split='train') ended without rows" in notes[0], notes
     assert "read all 1 train epoch(s) pushed" in notes[0] and "fit(epochs=3) over train(df, num_epochs=2)" in notes[0]
     assert "a layer.adapt(ds) or a look at a batch (next(iter(ds)), ds.take(1)) before fit" in notes[0]
+    assert buf.empty_pass_note == notes[0]  # what the node sends the driver with its failure
     # a pass that never had an epoch (the cluster shut down before any train()) says nothing
-    assert FeedBuffer(1 << 20).ended_empty_note("train") is None
+    assert FeedBuffer(1 << 20).note_empty_pass("train") is None
     # nor does the last pass of a program that reads until the node stops (streaming)
     buf = FeedBuffer(1 << 20)
     buf.begin_epoch(EpochInfo(0, SCHEMA))
