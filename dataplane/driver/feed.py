@@ -150,6 +150,7 @@ class _Split:
     shapes: dict[str, tuple[int, ...]]
     rows: int | None = None  # counted by the shape scan; None when there was none
     ragged: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)  # PushJobs.value_bytes
 
 
 def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
@@ -487,7 +488,7 @@ class Feeder:
         if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
             logger.warning(_empty_message(name, stream))
         return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows,
-                      dict(scan.ragged or {}))
+                      dict(scan.ragged or {}), self._jobs.value_bytes(df, schema))
 
     def train(
         self,
@@ -805,7 +806,7 @@ class Feeder:
         held = tuple(ep.carried_in.get(n.node_id, 0) for n in ep.workers) if ep.carry else None
         rows = self._jobs.run(sp.df, ep.workers, sp.schema_ipc, ep.epoch, what=what, clock=clock,
                               why_late=lambda: self._unread(ep), held=held,
-                              row_size=row_bytes(sp.schema, sp.shapes))
+                              row_size=row_bytes(sp.schema, sp.shapes, sp.values))
         report.spark_jobs += 1
         report.spark_tasks += len({r["partition"] for r in rows})
         sent: dict[int, int] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
 
@@ -18,13 +18,15 @@ from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 
-__all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
+__all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "row_bytes",
+           "value_bytes", "TASKS_PER_SLOT"]
 
 # Spark 4 cuts the Arrow batches a mapInArrow task gets at spark.sql.execution.arrow.
 # maxBytesPerBatch; Spark 3.5 only at maxRecordsPerBatch rows (10,000 by default), so 10,000
 # image rows of 600 KB are a 6 GB batch: its executor runs out of direct memory in the thread
 # that writes to Python ("stdout writer"), and the task then waits forever. A push of rows
-# whose size is known is given batches of about this many bytes there (see PushJobs.run).
+# whose size is known (the schema, the shape scan, a sample of binary values) is given
+# batches of about this many bytes there (see PushJobs.run).
 ARROW_BATCH_BYTES = 64 << 20
 _RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
@@ -106,14 +108,17 @@ def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
     )
 
 
-def row_bytes(schema: pa.Schema, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes a row takes in Arrow, as far as the schema and the shape scan tell: fixed-width
-    columns and arrays of one shape (strings, binaries and ragged arrays count nothing)."""
+def row_bytes(schema: pa.Schema, shapes: dict[str, tuple[int, ...]],
+              values: Mapping[str, float] | None = None) -> int:
+    """Bytes a row takes in Arrow, as far as the schema, the shape scan and ``values`` (the
+    average bytes of binary and string columns, :func:`value_bytes`) tell: fixed-width
+    columns, arrays of one shape, the columns in ``values`` (other strings and binaries, and
+    ragged arrays, count nothing)."""
     import math
 
     from formats.schema import is_list_type
 
-    total = 0
+    total = int(sum((values or {}).values()))
     for f in schema:
         t, n = f.type, 1
         if f.name in shapes:
@@ -125,6 +130,32 @@ def row_bytes(schema: pa.Schema, shapes: dict[str, tuple[int, ...]]) -> int:
         except ValueError:  # not fixed-width: a string, a binary, a ragged array
             pass
     return total
+
+
+#: rows :func:`value_bytes` looks at
+VALUE_SAMPLE_ROWS = 256
+
+
+def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS) -> dict[str, float]:
+    """Average bytes of a value of each binary and string column of ``df``, over its first
+    ``rows`` rows (nulls count 0): a ``limit`` query, which reads as few partitions as give
+    that many rows (a shuffled frame computes its shuffle first). A column with no row
+    sampled counts 0."""
+    from pyspark.sql import functions as F
+
+    names = [f.name for f in schema if _variable_width(f.type)]
+    if not names:
+        return {}
+    lengths = [F.coalesce(F.octet_length(F.col(f"`{n}`")), F.lit(0)).alias(f"v{i}")
+               for i, n in enumerate(names)]
+    got = df.select(*lengths).limit(rows).collect()
+    if not got:
+        return {n: 0.0 for n in names}
+    return {n: sum(r[f"v{i}"] for r in got) / len(got) for i, n in enumerate(names)}
+
+
+def _variable_width(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 class ShapeScan(NamedTuple):
@@ -227,6 +258,7 @@ class PushJobs:
         self._failure = failure
         self._push_frame: tuple[Any, ...] | None = None  # the reusable push job (classic Spark)
         self._shapes = PerDataFrame()
+        self._values = PerDataFrame()
         self._pushed = PerDataFrame()
 
     def run(self, df: Any, workers: Sequence[NodeInfo], schema_ipc: bytes, epoch: int, *,
@@ -252,15 +284,33 @@ class PushJobs:
             self._push_frame = None
             raise
 
+    def _batches_by_rows(self) -> bool:
+        """Whether this Spark cuts a ``mapInArrow`` task's Arrow batches by rows alone
+        (``maxRecordsPerBatch``; before 4.0, which adds ``maxBytesPerBatch``)."""
+        try:
+            return not is_connect(self.spark) and int(str(self.spark.version).split(".")[0]) < 4
+        except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
+            return False
+
+    def value_bytes(self, df: Any, schema: pa.Schema) -> dict[str, float]:
+        """:func:`value_bytes` of ``df``, remembered while it is alive, where the push job's
+        Arrow batch size depends on it: a Spark that cuts batches by rows, and a binary column
+        (image or audio bytes: 10,000 JPEGs of 100 KB make a 1 GB batch; the default rows per
+        batch ran Spark 3.5's executor out of memory). Else {}: string columns alone are
+        mostly names and keys, not worth a query (a shuffled frame computes its shuffle)."""
+        if not self._batches_by_rows():
+            return {}
+        if not any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema):
+            return {}
+        return self._values.get(df, lambda: value_bytes(df, schema))
+
     def _records_per_batch(self, row_size: int) -> int | None:
         """The ``maxRecordsPerBatch`` that keeps a push job's Arrow batches near
         :data:`ARROW_BATCH_BYTES` on a Spark without a byte limit of its own (before 4.0), if
         lower than the session's; else None (the session's setting stands)."""
-        if row_size <= 0 or is_connect(self.spark):
+        if row_size <= 0 or not self._batches_by_rows():
             return None
         try:
-            if int(str(self.spark.version).split(".")[0]) >= 4:
-                return None
             current = int(self.spark.conf.get(_RECORDS_PER_BATCH))
         except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
             return None

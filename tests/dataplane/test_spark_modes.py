@@ -228,20 +228,28 @@ _WIDE = textwrap.dedent(
     with dataplane.run(spark, wide_main, {}, num_nodes=1) as c:
         rep = c.train(df, 1, feed_timeout=60)
         result = {"rows": rep.rows, "bytes": rep.bytes, "read": c.metrics()[0]["rows_yielded"]}
+    # images as bytes (what spark.read.format("binaryFile") gives): 20,000 of 100 KiB
+    df = spark.range(0, 20000, 1, 2).selectExpr(
+        "id", "unhex(repeat(lpad(hex(id), 8, '0'), 25600)) as jpeg")
+    with dataplane.run(spark, wide_main, {}, num_nodes=1) as c:
+        rep = c.train(df, 1, feed_timeout=60)
+        result["binary"] = {"rows": rep.rows, "bytes": rep.bytes, "read": c.metrics()[0]["rows_yielded"]}
     print("RESULT " + json.dumps(result), flush=True)
     """
 )
 
 
-def test_image_rows_of_48_kib_fit_in_spark_default_memory(tmp_path):
+def test_image_rows_of_48_kib_and_100_kib_binaries_fit_in_spark_default_memory(tmp_path):
     # 40,000 rows of 64x64x3 float32 in two partitions: Spark 3.5 hands a mapInArrow task
     # Arrow batches of 10,000 rows (480 MB) whatever their size, two tasks ran out of the
     # 1 GiB of direct memory in the thread writing to Python, and the push stood still until
     # feed_timeout. The push job asks for batches of about 64 MiB there (Spark 4 cuts them
-    # by bytes itself).
+    # by bytes itself). The same for 100 KiB binary values, whose size a sample tells.
     result, proc = _driver(_WIDE, tmp_path)
-    # bytes: id, the floats and one list offset a row
+    # bytes: id, the floats and one list offset a row; id, the bytes and their offset
+    binary = result.pop("binary")
     assert result == {"rows": 40000, "bytes": 40000 * (8 + 12288 * 4 + 4), "read": 40000}, result
+    assert binary == {"rows": 20000, "bytes": 20000 * (8 + 102400 + 4), "read": 20000}, binary
     assert "OutOfMemoryError" not in proc.stderr, proc.stderr[-4000:]
 
 
@@ -249,9 +257,26 @@ def test_image_rows_of_48_kib_fit_in_spark_default_memory(tmp_path):
     ([("id", "int64"), ("img", pa.list_(pa.float32()))], {"img": (64, 64, 3)}, 8 + 12288 * 4),
     ([("x", "float64"), ("tags", pa.list_(pa.int64()))], {}, 8),  # ragged: counts nothing
     ([("jpeg", pa.binary()), ("label", "int32")], {}, 4),
+    ([("jpeg", pa.binary()), ("label", "int32")], {"values": {"jpeg": 1000.5}}, 1004),
     ([("m", pa.list_(pa.list_(pa.float64())))], {"m": (8, 8)}, 512),
 ])
 def test_the_bytes_a_row_takes_are_what_its_schema_and_shapes_say(fields, shapes, size):
     from dataplane.driver.pushjob import row_bytes
 
-    assert row_bytes(pa.schema(fields), shapes) == size
+    values = shapes.pop("values", None)
+    assert row_bytes(pa.schema(fields), shapes, values) == size
+
+
+def test_a_sample_tells_the_bytes_of_binary_and_string_values(spark):
+    from dataplane.driver.pushjob import value_bytes
+    from dataplane.driver.sparkjobs import arrow_schema_of
+
+    df = spark.createDataFrame(
+        [(1, b"abcd", "x"), (2, None, "\u00e9\u00e9"), (3, b"abcdefgh", None), (4, b"", "yz")],
+        "id long, img binary, name string").coalesce(1)
+    schema = arrow_schema_of(df)
+    # nulls count 0 bytes; strings count their UTF-8 bytes
+    assert value_bytes(df, schema) == {"img": 3.0, "name": 7 / 4}
+    assert value_bytes(df, schema, rows=2) == {"img": 2.0, "name": 5 / 2}  # the first rows only
+    assert value_bytes(df.filter("id > 9"), schema) == {"img": 0.0, "name": 0.0}
+    assert value_bytes(df.select("id"), arrow_schema_of(df.select("id"))) == {}
