@@ -150,7 +150,7 @@ class _Split:
     shapes: dict[str, tuple[int, ...]]
     rows: int | None = None  # counted by the shape scan; None when there was none
     ragged: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
-    values: dict[str, float] = field(default_factory=dict)  # PushJobs.value_bytes
+    values: dict[str, float] = field(default_factory=dict)  # bytes of ragged and binary columns (row_bytes)
 
 
 def _ragged_notes(splits: Sequence[_Split]) -> list[str]:
@@ -488,7 +488,7 @@ class Feeder:
         if scan.rows == 0:  # said now: a main may fail on the empty pass before train returns
             logger.warning(_empty_message(name, stream))
         return _Split(name, df, schema, schema.serialize().to_pybytes(), scan.shapes, scan.rows,
-                      dict(scan.ragged or {}), self._jobs.value_bytes(df, schema))
+                      dict(scan.ragged or {}), {**(scan.ragged_bytes or {}), **self._jobs.value_bytes(df, schema)})
 
     def train(
         self,
@@ -1159,6 +1159,14 @@ class Feeder:
     def few_tasks(self, df: Any) -> Any:
         """``df`` in at most a few partitions per task slot (see ``PushJobs.as_pushed``)."""
         return self._jobs.few_tasks(df)
+
+    def arrow_batches_by_rows(self) -> bool:
+        """Whether this Spark cuts Arrow batches by rows alone (before 4.0)."""
+        return self._jobs.batches_by_rows()
+
+    def bound_session_batches(self, sample: pa.Table, what: str) -> None:
+        """See ``PushJobs.bound_session_batches``."""
+        self._jobs.bound_session_batches(sample, what)
 
     def live_workers(self) -> list[NodeInfo]:
         """The chief and workers whose main still runs."""

@@ -85,8 +85,14 @@ def inference(
     # (loading its model, training) would hold its share of the partitions until it serves
     servers = feeder.serving_workers() or servers
     schema_from = "probe" if output_schema is None else "output_schema"
+    # a few rows: predict's output columns (the probe), and the rows' size for Spark 3.5's
+    # Arrow batches (a query planned in the user's code: only the session's setting reaches it)
+    sample = None
+    if not getattr(df, "isStreaming", False) and (output_schema is None or feeder.arrow_batches_by_rows()):
+        sample = sample_arrow(df, 4)
+        feeder.bound_session_batches(sample, "cluster.inference")
     if output_schema is None:
-        output_schema = _probe_output_schema(feeder, df, servers[0], send, feed_timeout)
+        output_schema = _probe_output_schema(feeder, sample.select(send), servers[0], feed_timeout)
     else:
         output_schema = _declared_outputs(output_schema)
     clash = [f.name for f in output_schema if f.name in passthrough]
@@ -111,15 +117,15 @@ def inference(
     return map_in_arrow(df, inferrer, from_arrow_schema(out_schema))
 
 
-def _probe_output_schema(feeder, df, node, send, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]
-    """Ask one node to answer a few rows, to learn predict's output columns and types."""
+def _probe_output_schema(feeder, sample, node, timeout) -> pa.Schema:  # type: ignore[no-untyped-def]
+    """Ask one node to answer ``sample``'s rows (a few, of the columns predict reads), to
+    learn predict's output columns and types."""
     import pyarrow.flight as flight
 
     from dataplane.rpc import call_options, connect
     from feeders.flight import flight_message
     from feeders.protocol import InferCommand
 
-    sample = sample_arrow(df.select(*[f"`{c}`" for c in send]), 4)
     if sample.num_rows == 0:
         raise FeedError(
             "inference on an empty DataFrame: there is no row to learn predict's output columns "

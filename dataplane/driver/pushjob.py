@@ -7,6 +7,7 @@ task's SchemaError, a failed node's NodeError, or a FeedError with the task's ow
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -17,6 +18,8 @@ from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
 from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "row_bytes",
            "value_bytes", "TASKS_PER_SLOT"]
@@ -111,9 +114,9 @@ def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
 def row_bytes(schema: pa.Schema, shapes: dict[str, tuple[int, ...]],
               values: Mapping[str, float] | None = None) -> int:
     """Bytes a row takes in Arrow, as far as the schema, the shape scan and ``values`` (the
-    average bytes of binary and string columns, :func:`value_bytes`) tell: fixed-width
-    columns, arrays of one shape, the columns in ``values`` (other strings and binaries, and
-    ragged arrays, count nothing)."""
+    average bytes of other columns: binaries and strings, :func:`value_bytes`; ragged arrays,
+    :attr:`ShapeScan.ragged_bytes`) tell: fixed-width columns, arrays of one shape, the
+    columns in ``values`` (the rest count nothing)."""
     import math
 
     from formats.schema import is_list_type
@@ -167,6 +170,8 @@ class ShapeScan(NamedTuple):
     #: array columns of varying length: name -> the first list level whose lengths differ,
     #: with its shortest and longest length (level 0: the arrays themselves); None: none
     ragged: dict[str, tuple[int, int | None, int | None]] | None = None
+    #: those of fixed-width values: name -> the average bytes of a row's values
+    ragged_bytes: dict[str, float] | None = None
 
 
 def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
@@ -175,7 +180,7 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     One aggregate query over ``df``: the smallest and largest length at every nesting level
     (an 8x8 image given as ``array<array<float>>`` is ``(8, 8)``). Such columns are fed as
     dense ``[batch, *shape]`` tensors, the others as ragged tensors. The query counts the rows
-    too.
+    too, and the average number of values a row's array holds (for the ragged columns' size).
     """
     from pyspark.sql import functions as F
 
@@ -199,10 +204,11 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
             aggs += [F.min(F.array_min(sizes)).alias(f"mn{i}_{level}"),
                      F.max(F.array_max(sizes)).alias(f"mx{i}_{level}")]
             inner = F.flatten(inner)
+        aggs.append(F.avg(size(inner)).alias(f"av{i}"))  # values a row holds, all levels down
     row = df.agg(*aggs).collect()[0]
     from formats.schema import uniform_shape
 
-    out, ragged = {}, {}
+    out, ragged, ragged_bytes = {}, {}, {}
     for i, (name, depth) in enumerate(lists.items()):
         lengths = [(row[f"mn{i}_{level}"], row[f"mx{i}_{level}"]) for level in range(depth)]
         shape = uniform_shape(lengths)
@@ -211,7 +217,14 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
         elif int(row["rows"]):
             level = next((k for k, (lo, hi) in enumerate(lengths) if lo != hi), 0)
             ragged[name] = (level, *lengths[level])
-    return ShapeScan(out, int(row["rows"]), ragged)
+            leaf = schema.field(name).type
+            for _ in range(depth):
+                leaf = leaf.value_type
+            try:
+                ragged_bytes[name] = float(row[f"av{i}"] or 0) * max(leaf.bit_width // 8, 1)
+            except ValueError:  # strings or binaries inside: not counted
+                pass
+    return ShapeScan(out, int(row["rows"]), ragged, ragged_bytes)
 
 
 def _with_conf(spark: Any, key: str, value: str, fn: Callable[[], Any]) -> Any:
@@ -284,7 +297,7 @@ class PushJobs:
             self._push_frame = None
             raise
 
-    def _batches_by_rows(self) -> bool:
+    def batches_by_rows(self) -> bool:
         """Whether this Spark cuts a ``mapInArrow`` task's Arrow batches by rows alone
         (``maxRecordsPerBatch``; before 4.0, which adds ``maxBytesPerBatch``)."""
         try:
@@ -298,17 +311,41 @@ class PushJobs:
         (image or audio bytes: 10,000 JPEGs of 100 KB make a 1 GB batch; the default rows per
         batch ran Spark 3.5's executor out of memory). Else {}: string columns alone are
         mostly names and keys, not worth a query (a shuffled frame computes its shuffle)."""
-        if not self._batches_by_rows():
+        if not self.batches_by_rows():
             return {}
         if not any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema):
             return {}
         return self._values.get(df, lambda: value_bytes(df, schema))
 
+    def bound_session_batches(self, sample: pa.Table, what: str) -> None:
+        """For a query the user plans and runs later (``cluster.inference``'s lazy output), on
+        a Spark that cuts Arrow batches by rows: if rows like ``sample``'s (all of the query's
+        input columns) make batches of over 4 x :data:`ARROW_BATCH_BYTES` at the session's
+        ``maxRecordsPerBatch``, lower it for the session to about :data:`ARROW_BATCH_BYTES`
+        a batch, saying so (such batches run Spark 3.5's executor out of memory, and its task
+        then waits for ever). It stays lowered: the query runs after this returns."""
+        if sample.num_rows == 0:
+            return
+        row = max(1, int(sample.nbytes / sample.num_rows))
+        rows = self._records_per_batch(row)
+        if rows is None:
+            return
+        current = int(self.spark.conf.get(_RECORDS_PER_BATCH))
+        if 0 < current and current * row <= 4 * ARROW_BATCH_BYTES:
+            return
+        self.spark.conf.set(_RECORDS_PER_BATCH, str(rows))
+        logger.warning(
+            "%s: rows of about %s KiB make Arrow batches of %s MiB at %s=%s; Spark %s cuts "
+            "batches by rows alone, and one that large runs an executor out of direct memory "
+            "(its task then waits for ever). Set it to %s for this session (about %s MiB a "
+            "batch).", what, f"{row / 1024:,.0f}", f"{current * row / 2**20:,.0f}" if current > 0 else "unbounded",
+            _RECORDS_PER_BATCH, current, self.spark.version, rows, ARROW_BATCH_BYTES >> 20)
+
     def _records_per_batch(self, row_size: int) -> int | None:
         """The ``maxRecordsPerBatch`` that keeps a push job's Arrow batches near
         :data:`ARROW_BATCH_BYTES` on a Spark without a byte limit of its own (before 4.0), if
         lower than the session's; else None (the session's setting stands)."""
-        if row_size <= 0 or not self._batches_by_rows():
+        if row_size <= 0 or not self.batches_by_rows():
             return None
         try:
             current = int(self.spark.conf.get(_RECORDS_PER_BATCH))

@@ -287,6 +287,13 @@ def wide_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             pass
 
 
+def byte_count_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Answer inference with the length of each value of column ``jpeg``."""
+    import numpy as np
+
+    ctx.serve(lambda batch: {"n": np.array([len(v) for v in batch["jpeg"]], dtype=np.int64)})
+
+
 def print_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Prints as users' mains do (a line, a line without its newline), then maybe raises."""
     import sys

@@ -218,9 +218,9 @@ def test_the_dynamic_allocation_rule_is_sparks(master, enabled, testing, refused
 _WIDE = textwrap.dedent(
     """
     import json
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession, functions as F
     import dataplane
-    from tests.dataplane.mains import wide_main
+    from tests.dataplane.mains import byte_count_main, wide_main
     # Spark's default memory: 1 GiB of heap, and as much direct memory for Arrow
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.driver.host", "127.0.0.1").getOrCreate())
@@ -234,12 +234,18 @@ _WIDE = textwrap.dedent(
     with dataplane.run(spark, wide_main, {}, num_nodes=1) as c:
         rep = c.train(df, 1, feed_timeout=60)
         result["binary"] = {"rows": rep.rows, "bytes": rep.bytes, "read": c.metrics()[0]["rows_yielded"]}
+    # inference's output is a query the user runs later: the session's setting is lowered
+    with dataplane.run(spark, byte_count_main, {}, num_nodes=1) as c:
+        out = c.inference(df, passthrough=("id",))
+        got = out.agg(F.count("id"), F.countDistinct("id"), F.min("n"), F.max("n")).first()
+        result["inference"] = list(got)
+    result["batch_rows"] = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
     print("RESULT " + json.dumps(result), flush=True)
     """
 )
 
 
-def test_image_rows_of_48_kib_and_100_kib_binaries_fit_in_spark_default_memory(tmp_path):
+def test_image_rows_of_48_kib_and_100_kib_binaries_train_and_infer_in_spark_default_memory(tmp_path):
     # 40,000 rows of 64x64x3 float32 in two partitions: Spark 3.5 hands a mapInArrow task
     # Arrow batches of 10,000 rows (480 MB) whatever their size, two tasks ran out of the
     # 1 GiB of direct memory in the thread writing to Python, and the push stood still until
@@ -247,9 +253,18 @@ def test_image_rows_of_48_kib_and_100_kib_binaries_fit_in_spark_default_memory(t
     # by bytes itself). The same for 100 KiB binary values, whose size a sample tells.
     result, proc = _driver(_WIDE, tmp_path)
     # bytes: id, the floats and one list offset a row; id, the bytes and their offset
-    binary = result.pop("binary")
+    binary, inference, batch_rows = result.pop("binary"), result.pop("inference"), result.pop("batch_rows")
     assert result == {"rows": 40000, "bytes": 40000 * (8 + 12288 * 4 + 4), "read": 40000}, result
     assert binary == {"rows": 20000, "bytes": 20000 * (8 + 102400 + 4), "read": 20000}, binary
+    # inference answered every row; on Spark 3.5 it lowered the session's rows per batch to
+    # about 64 MiB of these rows, and said so (train's own setting was set back)
+    assert inference == [20000, 20000, 102400, 102400], inference
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        assert 640 <= batch_rows <= 660, batch_rows
+        assert "cluster.inference: rows of about 100 KiB make Arrow batches of 977 MiB" in proc.stderr
+        assert "Set it to %d for this session" % batch_rows in proc.stderr, proc.stderr[-3000:]
+    else:  # Spark 4 cuts batches by bytes: nothing to change
+        assert batch_rows == 10000 and "for this session" not in proc.stderr
     assert "OutOfMemoryError" not in proc.stderr, proc.stderr[-4000:]
 
 
@@ -280,3 +295,21 @@ def test_a_sample_tells_the_bytes_of_binary_and_string_values(spark):
     assert value_bytes(df, schema, rows=2) == {"img": 2.0, "name": 5 / 2}  # the first rows only
     assert value_bytes(df.filter("id > 9"), schema) == {"img": 0.0, "name": 0.0}
     assert value_bytes(df.select("id"), arrow_schema_of(df.select("id"))) == {}
+
+
+def test_the_shape_scan_tells_the_bytes_of_ragged_arrays(spark):
+    # variable-length arrays (audio clips, token ids) count their average values a row:
+    # on Spark 3.5 they size the push job's Arrow batches as binaries and fixed shapes do
+    from dataplane.driver.pushjob import array_shapes
+    from dataplane.driver.sparkjobs import arrow_schema_of
+
+    df = spark.createDataFrame(
+        [([1, 2], [[1.0], [2.0, 3.0]], [0.5, 0.5], ["a"]),
+         ([3], [[4.0, 5.0, 6.0]], [1.0, 1.0], ["b", "c"]),
+         ([4, 5, 6], [[7.0]], [2.0, 2.0], []),
+         (None, None, [3.0, 3.0], None)],
+        "tokens array<long>, clips array<array<float>>, xy array<double>, tags array<string>")
+    scan = array_shapes(df, arrow_schema_of(df))
+    assert scan.shapes == {"xy": (2,)} and scan.rows == 4
+    # nulls are not rows of no values: the average is over the rows that hold an array
+    assert scan.ragged_bytes == {"tokens": 2 * 8, "clips": 7 / 3 * 4}, scan.ragged_bytes
