@@ -11,16 +11,35 @@ exact (float64). To push half the bytes, convert the column yourself first:
 (``sepal.length``; the ``parent.child`` columns of a flattened export) resolves as a struct
 field, so the job fails before it starts (pyspark 3.5 and 4). :func:`map_in_arrow` runs such a
 job on positional stand-in names and gives the function its batches under the real ones.
+
+**Arrow batch bytes on Spark 3.5.** Spark 4 cuts the Arrow batches a ``mapInArrow`` task gets
+at ``spark.sql.execution.arrow.maxBytesPerBatch``; Spark 3.5 only at ``maxRecordsPerBatch`` rows
+(10,000 by default), so 10,000 image rows of 100 KB are a 1 GB batch: the executor runs out of
+direct memory in the thread that writes to Python ("stdout writer"), and the task then waits
+for ever. A job that knows its rows' size (:func:`row_bytes`, :func:`value_bytes`) runs with
+:func:`records_per_batch` rows a batch there (:func:`with_conf`), about
+:data:`ARROW_BATCH_BYTES`.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
-__all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow", "not_a_spark_frame"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow", "not_a_spark_frame",
+           "ARROW_BATCH_BYTES", "RECORDS_PER_BATCH", "arrow_batches_by_rows", "row_bytes", "value_bytes",
+           "records_per_batch", "with_conf", "bound_session_batches"]
+
+#: bytes an Arrow batch of a job over a DataFrame aims at on Spark 3.5 (see the module docstring)
+ARROW_BATCH_BYTES = 64 << 20
+RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: rows :func:`value_bytes` looks at
+VALUE_SAMPLE_ROWS = 256
 
 
 def not_a_spark_frame(obj: Any) -> str:
@@ -112,3 +131,129 @@ def read_parquet(spark: Any, path: str) -> Any:
     if named:
         return reader.parquet(*[prefix + f for f in files])
     return reader.parquet(prefix + loc.path)
+
+
+def arrow_batches_by_rows(spark: Any) -> bool:
+    """Whether ``spark`` cuts a ``mapInArrow`` task's Arrow batches by rows alone
+    (``maxRecordsPerBatch``: classic Spark before 4.0, which adds ``maxBytesPerBatch``)."""
+    try:
+        connect = type(spark).__module__.startswith("pyspark.sql.connect")
+        return not connect and int(str(spark.version).split(".")[0]) < 4
+    except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
+        return False
+
+
+def row_bytes(schema: pa.Schema, shapes: Mapping[str, tuple[int, ...]],
+              values: Mapping[str, float] | None = None) -> int:
+    """Bytes a row takes in Arrow, as far as the schema, ``shapes`` (arrays of one shape) and
+    ``values`` (the average bytes of other columns: :func:`value_bytes`, or a scan's) tell:
+    fixed-width columns, arrays of one shape, the columns in ``values``; the rest count
+    nothing."""
+    import math
+
+    from formats.schema import is_list_type
+
+    total = int(sum((values or {}).values()))
+    for f in schema:
+        if f.name in (values or {}):
+            continue
+        t, n = f.type, 1
+        if f.name in shapes:
+            n = math.prod(shapes[f.name])
+            while is_list_type(t):
+                t = t.value_type
+        try:
+            total += n * max(t.bit_width // 8, 1)
+        except ValueError:  # not fixed-width: a string, a binary, a ragged array
+            pass
+    return total
+
+
+def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS, *,
+                arrays: bool = False) -> dict[str, float]:
+    """Average bytes of a value of each binary and string column of ``df`` (with ``arrays``,
+    of each array column of fixed-width values too, nested ones flattened), over its first
+    ``rows`` rows (nulls count 0): a ``limit`` query, which reads as few partitions as give
+    that many rows (a shuffled frame computes its shuffle first). A column with no row
+    sampled counts 0."""
+    from pyspark.sql import functions as F
+
+    from formats.schema import list_depth
+
+    sizes = {}
+    for f in schema:
+        col = F.col(f"`{f.name}`")
+        if _variable_width(f.type):
+            sizes[f.name] = F.octet_length(col)
+        elif arrays and list_depth(f.type):
+            leaf = f.type
+            for level in range(list_depth(f.type)):
+                leaf = leaf.value_type
+                col = F.flatten(col) if level else col  # a row's values, all levels down
+            try:
+                width = max(leaf.bit_width // 8, 1)
+            except ValueError:  # strings or binaries inside: not counted
+                continue
+            sizes[f.name] = F.when(col.isNotNull(), F.size(col)) * width
+    if not sizes:
+        return {}
+    names = list(sizes)
+    got = df.select(*[F.coalesce(e, F.lit(0)).alias(f"v{i}") for i, e in enumerate(sizes.values())]).limit(rows).collect()
+    if not got:
+        return {n: 0.0 for n in names}
+    return {n: sum(r[f"v{i}"] for r in got) / len(got) for i, n in enumerate(names)}
+
+
+def _variable_width(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def records_per_batch(spark: Any, row_size: int) -> int | None:
+    """The ``maxRecordsPerBatch`` that keeps a job's Arrow batches near
+    :data:`ARROW_BATCH_BYTES` for rows of ``row_size`` bytes on a Spark that cuts batches by
+    rows alone, if lower than the session's; else None (the session's setting stands)."""
+    if row_size <= 0 or not arrow_batches_by_rows(spark):
+        return None
+    try:
+        current = int(spark.conf.get(RECORDS_PER_BATCH))
+    except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
+        return None
+    want = max(1, ARROW_BATCH_BYTES // row_size)
+    return want if current <= 0 or want < current else None
+
+
+def with_conf(spark: Any, key: str, value: str | None, fn: Callable[[], Any]) -> Any:
+    """``fn()`` with the session's SQL setting ``key`` at ``value`` (read when its query is
+    planned, in this thread), then set back; ``fn()`` as it is when ``value`` is None."""
+    if value is None:
+        return fn()
+    old = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        return fn()
+    finally:
+        spark.conf.set(key, old)
+
+
+def bound_session_batches(spark: Any, row_size: int, what: str) -> int | None:
+    """For a query the user plans and runs later (a lazy output DataFrame: ``cluster.inference``,
+    ``dataplane.predict``), on a Spark that cuts Arrow batches by rows alone: if rows of
+    ``row_size`` bytes make batches of over 4 x :data:`ARROW_BATCH_BYTES` at the session's
+    ``maxRecordsPerBatch``, lower it for the session to about :data:`ARROW_BATCH_BYTES` a
+    batch, with a warning (such batches run Spark 3.5's executor out of memory, and its task
+    then waits for ever); the new setting, else None. It stays lowered: the query is planned
+    after this returns, and only the session's setting reaches its plan."""
+    rows = records_per_batch(spark, row_size)
+    if rows is None:
+        return None
+    current = int(spark.conf.get(RECORDS_PER_BATCH))
+    if 0 < current and current * row_size <= 4 * ARROW_BATCH_BYTES:
+        return None
+    spark.conf.set(RECORDS_PER_BATCH, str(rows))
+    logger.warning(
+        "%s: rows of about %s KiB make Arrow batches of %s MiB at %s=%s; Spark %s cuts batches "
+        "by rows alone, and one that large runs an executor out of direct memory (its task "
+        "then waits for ever). Set it to %s for this session (about %s MiB a batch).",
+        what, f"{row_size / 1024:,.0f}", f"{current * row_size / 2**20:,.0f}" if current > 0 else "unbounded",
+        RECORDS_PER_BATCH, current, spark.version, rows, ARROW_BATCH_BYTES >> 20)
+    return rows

@@ -27,11 +27,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.pushjob import FeedClock, Moved, PushJobs, feed_timeout_error, row_bytes
+from dataplane.driver.pushjob import FeedClock, Moved, PushJobs, feed_timeout_error
 from dataplane.driver.sparkjobs import arrow_schema_of
 from dataplane.errors import ClusterStateError, FeedError, NodeError, SchemaError
 from dataplane.topology import NodeInfo
 from feeders.protocol import Action, BeginEpoch, EpochState
+from formats.sparkframe import row_bytes
 
 __all__ = ["FeedReport", "Feeder"]
 
@@ -1159,14 +1160,6 @@ class Feeder:
     def few_tasks(self, df: Any) -> Any:
         """``df`` in at most a few partitions per task slot (see ``PushJobs.as_pushed``)."""
         return self._jobs.few_tasks(df)
-
-    def arrow_batches_by_rows(self) -> bool:
-        """Whether this Spark cuts Arrow batches by rows alone (before 4.0)."""
-        return self._jobs.batches_by_rows()
-
-    def bound_session_batches(self, sample: pa.Table, what: str) -> None:
-        """See ``PushJobs.bound_session_batches``."""
-        self._jobs.bound_session_batches(sample, what)
 
     def live_workers(self) -> list[NodeInfo]:
         """The chief and workers whose main still runs."""

@@ -14,6 +14,7 @@ import pyarrow as pa
 from dataplane.driver.sparkjobs import arrow_schema_of, sample_arrow
 from dataplane.errors import FeedError, SchemaError
 from formats.schema import names_arg
+from formats.sparkframe import arrow_batches_by_rows, bound_session_batches
 
 if TYPE_CHECKING:
     from dataplane.driver.feed import Feeder
@@ -88,9 +89,10 @@ def inference(
     # a few rows: predict's output columns (the probe), and the rows' size for Spark 3.5's
     # Arrow batches (a query planned in the user's code: only the session's setting reaches it)
     sample = None
-    if not getattr(df, "isStreaming", False) and (output_schema is None or feeder.arrow_batches_by_rows()):
+    if not getattr(df, "isStreaming", False) and (output_schema is None or arrow_batches_by_rows(df.sparkSession)):
         sample = sample_arrow(df, 4)
-        feeder.bound_session_batches(sample, "cluster.inference")
+        if sample.num_rows:
+            bound_session_batches(df.sparkSession, max(1, sample.nbytes // sample.num_rows), "cluster.inference")
     if output_schema is None:
         output_schema = _probe_output_schema(feeder, sample.select(send), servers[0], feed_timeout)
     else:

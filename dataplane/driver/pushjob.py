@@ -7,7 +7,6 @@ task's SchemaError, a failed node's NodeError, or a FeedError with the task's ow
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -18,20 +17,11 @@ from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
 from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
+from formats.sparkframe import (
+    RECORDS_PER_BATCH, arrow_batches_by_rows, records_per_batch, value_bytes, with_conf,
+)
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "row_bytes",
-           "value_bytes", "TASKS_PER_SLOT"]
-
-# Spark 4 cuts the Arrow batches a mapInArrow task gets at spark.sql.execution.arrow.
-# maxBytesPerBatch; Spark 3.5 only at maxRecordsPerBatch rows (10,000 by default), so 10,000
-# image rows of 600 KB are a 6 GB batch: its executor runs out of direct memory in the thread
-# that writes to Python ("stdout writer"), and the task then waits forever. A push of rows
-# whose size is known (the schema, the shape scan, a sample of binary values) is given
-# batches of about this many bytes there (see PushJobs.run).
-ARROW_BATCH_BYTES = 64 << 20
-_RECORDS_PER_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+__all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
 
 # Push tasks per task slot at most (PushJobs.as_pushed): enough to keep every slot busy and
 # balanced, few enough that Spark's per-task cost stays small (docs/design.md, "Few tasks").
@@ -111,56 +101,6 @@ def feed_timeout_error(what: str, timeout: float, why: str = "") -> FeedError:
     )
 
 
-def row_bytes(schema: pa.Schema, shapes: dict[str, tuple[int, ...]],
-              values: Mapping[str, float] | None = None) -> int:
-    """Bytes a row takes in Arrow, as far as the schema, the shape scan and ``values`` (the
-    average bytes of other columns: binaries and strings, :func:`value_bytes`; ragged arrays,
-    :attr:`ShapeScan.ragged_bytes`) tell: fixed-width columns, arrays of one shape, the
-    columns in ``values`` (the rest count nothing)."""
-    import math
-
-    from formats.schema import is_list_type
-
-    total = int(sum((values or {}).values()))
-    for f in schema:
-        t, n = f.type, 1
-        if f.name in shapes:
-            n = math.prod(shapes[f.name])
-            while is_list_type(t):
-                t = t.value_type
-        try:
-            total += n * max(t.bit_width // 8, 1)
-        except ValueError:  # not fixed-width: a string, a binary, a ragged array
-            pass
-    return total
-
-
-#: rows :func:`value_bytes` looks at
-VALUE_SAMPLE_ROWS = 256
-
-
-def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS) -> dict[str, float]:
-    """Average bytes of a value of each binary and string column of ``df``, over its first
-    ``rows`` rows (nulls count 0): a ``limit`` query, which reads as few partitions as give
-    that many rows (a shuffled frame computes its shuffle first). A column with no row
-    sampled counts 0."""
-    from pyspark.sql import functions as F
-
-    names = [f.name for f in schema if _variable_width(f.type)]
-    if not names:
-        return {}
-    lengths = [F.coalesce(F.octet_length(F.col(f"`{n}`")), F.lit(0)).alias(f"v{i}")
-               for i, n in enumerate(names)]
-    got = df.select(*lengths).limit(rows).collect()
-    if not got:
-        return {n: 0.0 for n in names}
-    return {n: sum(r[f"v{i}"] for r in got) / len(got) for i, n in enumerate(names)}
-
-
-def _variable_width(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
 class ShapeScan(NamedTuple):
     """What :func:`array_shapes` found: dense shapes, and the rows it counted (None when the
     DataFrame has no array column, so nothing was scanned)."""
@@ -227,17 +167,6 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     return ShapeScan(out, int(row["rows"]), ragged, ragged_bytes)
 
 
-def _with_conf(spark: Any, key: str, value: str, fn: Callable[[], Any]) -> Any:
-    """``fn()`` with the session's SQL setting ``key`` at ``value`` (read when its query is
-    planned, in this thread), then set back."""
-    old = spark.conf.get(key)
-    spark.conf.set(key, value)
-    try:
-        return fn()
-    finally:
-        spark.conf.set(key, old)
-
-
 def _schema_message(e: BaseException) -> str | None:
     """A pushing task's SchemaError message, if that is why the job failed."""
     m = re.search(r"SchemaError: (.+)", str(e))
@@ -280,12 +209,11 @@ class PushJobs:
         """Push ``df`` as ``epoch`` to ``workers``; the tasks' result rows (PUSH_RESULT_FIELDS).
         ``why_late``: asked, if nothing moves for ``clock.timeout``, what the nodes say about it.
         ``held``: see :class:`feeders.push.PartitionPusher`. ``row_size``: bytes a row takes
-        at least (:func:`row_bytes`), for the Arrow batch size on Spark 3.5."""
+        at least (``formats.sparkframe.row_bytes``), for the Arrow batch size on Spark 3.5."""
         pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, held)
-        collect = pushed.collect
-        rows = self._records_per_batch(row_size)
-        if rows is not None:
-            collect = lambda: _with_conf(self.spark, _RECORDS_PER_BATCH, str(rows), pushed.collect)  # noqa: E731
+        rows = records_per_batch(self.spark, row_size)
+        batch_rows = None if rows is None else str(rows)
+        collect = lambda: with_conf(self.spark, RECORDS_PER_BATCH, batch_rows, pushed.collect)  # noqa: E731
         job = SparkJob(self.spark, f"dataplane: {what}", collect, properties)
         try:
             return self._wait(job, clock, what, why_late)
@@ -298,15 +226,11 @@ class PushJobs:
             raise
 
     def batches_by_rows(self) -> bool:
-        """Whether this Spark cuts a ``mapInArrow`` task's Arrow batches by rows alone
-        (``maxRecordsPerBatch``; before 4.0, which adds ``maxBytesPerBatch``)."""
-        try:
-            return not is_connect(self.spark) and int(str(self.spark.version).split(".")[0]) < 4
-        except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
-            return False
+        """Whether this Spark cuts Arrow batches by rows alone (see formats.sparkframe)."""
+        return arrow_batches_by_rows(self.spark)
 
     def value_bytes(self, df: Any, schema: pa.Schema) -> dict[str, float]:
-        """:func:`value_bytes` of ``df``, remembered while it is alive, where the push job's
+        """``formats.sparkframe.value_bytes`` of ``df``, remembered while it is alive, where the push job's
         Arrow batch size depends on it: a Spark that cuts batches by rows, and a binary column
         (image or audio bytes: 10,000 JPEGs of 100 KB make a 1 GB batch; the default rows per
         batch ran Spark 3.5's executor out of memory). Else {}: string columns alone are
@@ -316,43 +240,6 @@ class PushJobs:
         if not any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema):
             return {}
         return self._values.get(df, lambda: value_bytes(df, schema))
-
-    def bound_session_batches(self, sample: pa.Table, what: str) -> None:
-        """For a query the user plans and runs later (``cluster.inference``'s lazy output), on
-        a Spark that cuts Arrow batches by rows: if rows like ``sample``'s (all of the query's
-        input columns) make batches of over 4 x :data:`ARROW_BATCH_BYTES` at the session's
-        ``maxRecordsPerBatch``, lower it for the session to about :data:`ARROW_BATCH_BYTES`
-        a batch, saying so (such batches run Spark 3.5's executor out of memory, and its task
-        then waits for ever). It stays lowered: the query runs after this returns."""
-        if sample.num_rows == 0:
-            return
-        row = max(1, int(sample.nbytes / sample.num_rows))
-        rows = self._records_per_batch(row)
-        if rows is None:
-            return
-        current = int(self.spark.conf.get(_RECORDS_PER_BATCH))
-        if 0 < current and current * row <= 4 * ARROW_BATCH_BYTES:
-            return
-        self.spark.conf.set(_RECORDS_PER_BATCH, str(rows))
-        logger.warning(
-            "%s: rows of about %s KiB make Arrow batches of %s MiB at %s=%s; Spark %s cuts "
-            "batches by rows alone, and one that large runs an executor out of direct memory "
-            "(its task then waits for ever). Set it to %s for this session (about %s MiB a "
-            "batch).", what, f"{row / 1024:,.0f}", f"{current * row / 2**20:,.0f}" if current > 0 else "unbounded",
-            _RECORDS_PER_BATCH, current, self.spark.version, rows, ARROW_BATCH_BYTES >> 20)
-
-    def _records_per_batch(self, row_size: int) -> int | None:
-        """The ``maxRecordsPerBatch`` that keeps a push job's Arrow batches near
-        :data:`ARROW_BATCH_BYTES` on a Spark without a byte limit of its own (before 4.0), if
-        lower than the session's; else None (the session's setting stands)."""
-        if row_size <= 0 or not self.batches_by_rows():
-            return None
-        try:
-            current = int(self.spark.conf.get(_RECORDS_PER_BATCH))
-        except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
-            return None
-        want = max(1, ARROW_BATCH_BYTES // row_size)
-        return want if current <= 0 or want < current else None
 
     def shapes(self, df: Any, schema: pa.Schema) -> ShapeScan:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so

@@ -253,3 +253,32 @@ def test_text_for_a_numeric_input_is_named_with_the_fix(spark, models):
     text = str(info.value)
     assert "column 'v' holds text (or bytes), but the model input 'features' takes float32" in text, text[-3000:]
     assert "StringIndexer" in text
+
+
+def test_wide_rows_lower_the_rows_per_arrow_batch_on_spark_3_5(spark, models, caplog):
+    # Spark 3.5 cuts Arrow batches at 10,000 rows whatever their size: 10,000 rows of 48 KiB
+    # ran the executor out of direct memory and the task waited for ever. predict's output is
+    # a query run later, so the session's setting is lowered (Spark 4 cuts batches by bytes).
+    import pyspark
+
+    paths, _, _ = models
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    df = spark.range(ROWS).selectExpr(
+        "id", "array_repeat(cast(id as float), 12288) as img", *[f"cast(id as float) as f{i}" for i in range(4)])
+    try:
+        with caplog.at_level("WARNING", logger="formats.sparkframe"):
+            out = predict(df, paths["reg"], input_cols=["f0", "f1", "f2", "f3"])
+        after = spark.conf.get(key)
+        assert out.count() == ROWS and out.columns == [*df.columns, "prediction"]
+    finally:
+        spark.conf.set(key, before)
+    said = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        # id, the floats, four floats: 49,176 bytes a row; 64 MiB of them
+        assert int(after) == (64 << 20) // 49176, after
+        assert len(said) == 1 and said[0].startswith(
+            "dataplane.predict: rows of about 48 KiB make Arrow batches of 469 MiB"), said
+        assert f"Set it to {after} for this session" in said[0]
+    else:
+        assert after == before and not said, (after, said)

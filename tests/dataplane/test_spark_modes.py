@@ -276,14 +276,14 @@ def test_image_rows_of_48_kib_and_100_kib_binaries_train_and_infer_in_spark_defa
     ([("m", pa.list_(pa.list_(pa.float64())))], {"m": (8, 8)}, 512),
 ])
 def test_the_bytes_a_row_takes_are_what_its_schema_and_shapes_say(fields, shapes, size):
-    from dataplane.driver.pushjob import row_bytes
+    from formats.sparkframe import row_bytes
 
     values = shapes.pop("values", None)
     assert row_bytes(pa.schema(fields), shapes, values) == size
 
 
 def test_a_sample_tells_the_bytes_of_binary_and_string_values(spark):
-    from dataplane.driver.pushjob import value_bytes
+    from formats.sparkframe import value_bytes
     from dataplane.driver.sparkjobs import arrow_schema_of
 
     df = spark.createDataFrame(

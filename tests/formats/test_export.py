@@ -341,3 +341,24 @@ def test_the_cli_progress_writes_lines_when_stderr_is_not_a_terminal(capsys):
     bar.close()
     assert capsys.readouterr().err.splitlines() == [
         "export -> tfrecord: 3/10 tasks, 0 s", "export -> tfrecord: 10/10 tasks, 0 s"]
+
+
+def test_the_export_job_of_wide_rows_asks_spark_3_5_for_small_arrow_batches(spark):
+    # Spark 3.5 cuts Arrow batches at 10,000 rows whatever their size: an export of 20,000
+    # images of 100 KiB in two partitions ran the executor out of direct memory and waited
+    # for ever. The job runs with about 64 MiB a batch there; Spark 4 cuts them by bytes.
+    import pyspark
+
+    from formats.export import _batch_rows, spark_arrow_schema
+
+    df = spark.range(8).selectExpr(
+        "id", "unhex(repeat('00', 102400)) as jpeg", "array(cast(1 as double), cast(2 as double)) as xy",
+        "array_repeat(array_repeat(cast(1 as float), 64), cast(id as int)) as clip")
+    rows = _batch_rows(df, spark_arrow_schema(df.schema))
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        # id 8 + jpeg 102,400 + xy 16 + clip 64 x 4 x 3.5 on average = 103,320 bytes a row
+        assert rows == str((64 << 20) // 103320), rows
+    else:
+        assert rows is None
+    narrow = spark.range(8).selectExpr("id", "cast(id as string) as name")
+    assert _batch_rows(narrow, spark_arrow_schema(narrow.schema)) is None  # 10,000 small rows fit
