@@ -135,10 +135,10 @@ def read_parquet(spark: Any, path: str) -> Any:
 
 def arrow_batches_by_rows(spark: Any) -> bool:
     """Whether ``spark`` cuts a ``mapInArrow`` task's Arrow batches by rows alone
-    (``maxRecordsPerBatch``: classic Spark before 4.0, which adds ``maxBytesPerBatch``)."""
+    (``maxRecordsPerBatch``: Spark before 4.0, which adds ``maxBytesPerBatch``; for a Spark
+    Connect session, the server's version)."""
     try:
-        connect = type(spark).__module__.startswith("pyspark.sql.connect")
-        return not connect and int(str(spark.version).split(".")[0]) < 4
+        return int(str(spark.version).split(".")[0]) < 4
     except Exception:  # noqa: BLE001 - nothing to go by: leave Spark's setting
         return False
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import pyarrow as pa
 
