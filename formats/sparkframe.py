@@ -32,7 +32,7 @@ import pyarrow as pa
 logger = logging.getLogger(__name__)
 
 __all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow", "not_a_spark_frame",
-           "ARROW_BATCH_BYTES", "RECORDS_PER_BATCH", "arrow_batches_by_rows", "row_bytes", "value_bytes",
+           "ARROW_BATCH_BYTES", "RECORDS_PER_BATCH", "arrow_batches_by_rows", "row_bytes", "value_bytes", "value_width",
            "records_per_batch", "with_conf", "bound_session_batches"]
 
 #: bytes an Arrow batch of a job over a DataFrame aims at on Spark 3.5 (see the module docstring)
@@ -157,16 +157,24 @@ def row_bytes(schema: pa.Schema, shapes: Mapping[str, tuple[int, ...]],
     for f in schema:
         if f.name in (values or {}):
             continue
-        t, n = f.type, 1
         if f.name in shapes:
-            n = math.prod(shapes[f.name])
-            while is_list_type(t):
-                t = t.value_type
-        try:
-            total += n * max(t.bit_width // 8, 1)
-        except ValueError:  # not fixed-width: a string, a binary, a ragged array
-            pass
+            total += math.prod(shapes[f.name]) * (value_width(f.type) or 0)
+        elif not is_list_type(f.type):  # a ragged array counts nothing here
+            total += value_width(f.type) or 0
     return total
+
+
+def value_width(t: pa.DataType) -> int | None:
+    """Bytes one value of ``t`` takes (of its innermost values, for a list type); None when
+    they vary (strings, binaries)."""
+    from formats.schema import is_list_type
+
+    while is_list_type(t):
+        t = t.value_type
+    try:
+        return max(t.bit_width // 8, 1)
+    except ValueError:
+        return None
 
 
 def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS, *,
@@ -185,16 +193,10 @@ def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS, *,
         col = F.col(f"`{f.name}`")
         if _variable_width(f.type):
             sizes[f.name] = F.octet_length(col)
-        elif arrays and list_depth(f.type):
-            leaf = f.type
-            for level in range(list_depth(f.type)):
-                leaf = leaf.value_type
-                col = F.flatten(col) if level else col  # a row's values, all levels down
-            try:
-                width = max(leaf.bit_width // 8, 1)
-            except ValueError:  # strings or binaries inside: not counted
-                continue
-            sizes[f.name] = F.when(col.isNotNull(), F.size(col)) * width
+        elif arrays and list_depth(f.type) and value_width(f.type):  # strings inside: not counted
+            for _ in range(list_depth(f.type) - 1):
+                col = F.flatten(col)  # a row's values, all levels down
+            sizes[f.name] = F.when(col.isNotNull(), F.size(col)) * value_width(f.type)
     if not sizes:
         return {}
     names = list(sizes)

@@ -18,7 +18,7 @@ from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 from formats.sparkframe import (
-    RECORDS_PER_BATCH, arrow_batches_by_rows, records_per_batch, value_bytes, with_conf,
+    RECORDS_PER_BATCH, arrow_batches_by_rows, records_per_batch, value_bytes, value_width, with_conf,
 )
 
 __all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
@@ -157,13 +157,9 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
         elif int(row["rows"]):
             level = next((k for k, (lo, hi) in enumerate(lengths) if lo != hi), 0)
             ragged[name] = (level, *lengths[level])
-            leaf = schema.field(name).type
-            for _ in range(depth):
-                leaf = leaf.value_type
-            try:
-                ragged_bytes[name] = float(row[f"av{i}"] or 0) * max(leaf.bit_width // 8, 1)
-            except ValueError:  # strings or binaries inside: not counted
-                pass
+            width = value_width(schema.field(name).type)
+            if width:  # strings or binaries inside: not counted
+                ragged_bytes[name] = float(row[f"av{i}"] or 0) * width
     return ShapeScan(out, int(row["rows"]), ragged, ragged_bytes)
 
 
