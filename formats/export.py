@@ -25,7 +25,7 @@ from formats.staging import STATS_SCHEMA, ExportResult, StagedOutput, job_progre
 from formats.tfrecord import normalize_compression
 from formats.sparkframe import (
     RECORDS_PER_BATCH, arrow_batches_by_rows, dense_vectors, map_in_arrow, not_a_spark_frame, records_per_batch,
-    row_bytes, value_bytes, with_conf,
+    sampled_row_bytes, with_conf,
 )
 
 __all__ = ["ExportResult", "write_tfrecords", "read_tfrecords", "spark_arrow_schema", "job_progress"]
@@ -197,15 +197,14 @@ def write_tfrecords(
         raise
 
 
-def _batch_rows(df: Any, schema: pa.Schema) -> str | None:
+def _batch_rows(df: Any, schema: pa.Schema) -> int | None:
     """Rows an Arrow batch of the export job may hold where Spark cuts batches by rows alone
     (Spark 3.5: 10,000 images of 100 KB made 1 GB batches, and the job waited for ever), from
     a sample of the binary, string and array columns' sizes; None: the session's setting."""
     spark = df.sparkSession
     if not arrow_batches_by_rows(spark):
         return None
-    rows = records_per_batch(spark, row_bytes(schema, {}, value_bytes(df, schema, arrays=True)))
-    return None if rows is None else str(rows)
+    return records_per_batch(spark, sampled_row_bytes(df, schema))
 
 
 def _input_files(df: Any) -> list[str]:

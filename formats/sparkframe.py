@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["vector_columns", "vector_as_array", "dense_vectors", "map_in_arrow", "not_a_spark_frame",
            "ARROW_BATCH_BYTES", "RECORDS_PER_BATCH", "arrow_batches_by_rows", "row_bytes", "value_bytes", "value_width",
+           "sampled_row_bytes",
            "records_per_batch", "with_conf", "bound_session_batches"]
 
 #: bytes an Arrow batch of a job over a DataFrame aims at on Spark 3.5 (see the module docstring)
@@ -206,6 +207,12 @@ def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS, *,
     return {n: sum(r[f"v{i}"] for r in got) / len(got) for i, n in enumerate(names)}
 
 
+def sampled_row_bytes(df: Any, schema: pa.Schema) -> int:
+    """:func:`row_bytes` of ``df`` with every binary, string and array column's size from
+    :func:`value_bytes` (a sample of its first rows)."""
+    return row_bytes(schema, {}, value_bytes(df, schema, arrays=True))
+
+
 def _variable_width(t: pa.DataType) -> bool:
     return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
@@ -224,13 +231,13 @@ def records_per_batch(spark: Any, row_size: int) -> int | None:
     return want if current <= 0 or want < current else None
 
 
-def with_conf(spark: Any, key: str, value: str | None, fn: Callable[[], Any]) -> Any:
+def with_conf(spark: Any, key: str, value: Any, fn: Callable[[], Any]) -> Any:
     """``fn()`` with the session's SQL setting ``key`` at ``value`` (read when its query is
     planned, in this thread), then set back; ``fn()`` as it is when ``value`` is None."""
     if value is None:
         return fn()
     old = spark.conf.get(key)
-    spark.conf.set(key, value)
+    spark.conf.set(key, str(value))
     try:
         return fn()
     finally:

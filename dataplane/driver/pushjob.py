@@ -208,8 +208,7 @@ class PushJobs:
         at least (``formats.sparkframe.row_bytes``), for the Arrow batch size on Spark 3.5."""
         pushed, properties = self._push_frame_for(df, workers, schema_ipc, epoch, held)
         rows = records_per_batch(self.spark, row_size)
-        batch_rows = None if rows is None else str(rows)
-        collect = lambda: with_conf(self.spark, RECORDS_PER_BATCH, batch_rows, pushed.collect)  # noqa: E731
+        collect = lambda: with_conf(self.spark, RECORDS_PER_BATCH, rows, pushed.collect)  # noqa: E731
         job = SparkJob(self.spark, f"dataplane: {what}", collect, properties)
         try:
             return self._wait(job, clock, what, why_late)
@@ -221,17 +220,13 @@ class PushJobs:
             self._push_frame = None
             raise
 
-    def batches_by_rows(self) -> bool:
-        """Whether this Spark cuts Arrow batches by rows alone (see formats.sparkframe)."""
-        return arrow_batches_by_rows(self.spark)
-
     def value_bytes(self, df: Any, schema: pa.Schema) -> dict[str, float]:
         """``formats.sparkframe.value_bytes`` of ``df``, remembered while it is alive, where the push job's
         Arrow batch size depends on it: a Spark that cuts batches by rows, and a binary column
         (image or audio bytes: 10,000 JPEGs of 100 KB make a 1 GB batch; the default rows per
         batch ran Spark 3.5's executor out of memory). Else {}: string columns alone are
         mostly names and keys, not worth a query (a shuffled frame computes its shuffle)."""
-        if not self.batches_by_rows():
+        if not arrow_batches_by_rows(self.spark):
             return {}
         if not any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema):
             return {}

@@ -678,10 +678,9 @@ def _bound_batches(frame: Any) -> None:
     """On Spark 3.5, rows too wide for its default Arrow batches (images, audio) lower the
     session's rows per batch (``formats.sparkframe.bound_session_batches``), from a sample."""
     from formats.export import spark_arrow_schema
-    from formats.sparkframe import arrow_batches_by_rows, bound_session_batches, row_bytes, value_bytes
+    from formats.sparkframe import arrow_batches_by_rows, bound_session_batches, sampled_row_bytes
 
     spark = frame.sparkSession
     if getattr(frame, "isStreaming", False) or not arrow_batches_by_rows(spark):
         return
-    schema = spark_arrow_schema(frame.schema)
-    bound_session_batches(spark, row_bytes(schema, {}, value_bytes(frame, schema, arrays=True)), "dataplane.predict")
+    bound_session_batches(spark, sampled_row_bytes(frame, spark_arrow_schema(frame.schema)), "dataplane.predict")

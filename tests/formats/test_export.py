@@ -357,7 +357,7 @@ def test_the_export_job_of_wide_rows_asks_spark_3_5_for_small_arrow_batches(spar
     rows = _batch_rows(df, spark_arrow_schema(df.schema))
     if int(pyspark.__version__.split(".")[0]) < 4:
         # id 8 + jpeg 102,400 + xy 16 + clip 64 x 4 x 3.5 on average = 103,320 bytes a row
-        assert rows == str((64 << 20) // 103320), rows
+        assert rows == (64 << 20) // 103320, rows
     else:
         assert rows is None
     narrow = spark.range(8).selectExpr("id", "cast(id as string) as name")
