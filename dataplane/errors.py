@@ -48,6 +48,9 @@ __all__ = [
     "error_summary",
     "known_fix",
     "spark_job_error",
+    "spark_jvm_exited",
+    "JVM_EXITED",
+    "SPARK_OOM_FIX",
     "model_input_nulls",
     "TF_STARTUP_NOISE",
     "drop_tf_noise",
@@ -154,7 +157,17 @@ def spark_job_error(e: BaseException, *, max_lines: int = 8) -> str:
     calling o85.collectToPython." line, up to the Java stack. Spark Connect's errors already
     start with their message.
     """
-    text = str(e).strip()
+    try:
+        text = str(e).strip()
+    except Exception:  # noqa: BLE001 - a Py4JJavaError whose JVM has exited cannot say
+        return f"{type(e).__name__} (its text could not be read: Spark's JVM no longer answers)"
+    return spark_error_text(text, max_lines=max_lines) if text else repr(e)
+
+
+def spark_error_text(text: str, *, max_lines: int = 8) -> str:
+    """:func:`spark_job_error` of an error's text, read once (a Py4JJavaError fetches it from
+    the JVM each time, which may have exited since)."""
+    text = text.strip()
     for line in text.splitlines():
         if any(f"{name}: " in line for name in _OURS_IN_TASKS) or "failed to start" in line:
             return line.strip()
@@ -169,7 +182,33 @@ def spark_job_error(e: BaseException, *, max_lines: int = 8) -> str:
             said.append(line.strip())
         message = re.sub(r"\s*SQLSTATE: \w+", "", " ".join(said).lstrip(": "))
         return re.sub(r"^(?:[a-z_]\w*\.)+(?=[A-Z])", "", message)[:2000]  # org.apache.spark.
-    return lines[0][:2000] if text else repr(e)
+    return lines[0][:2000] if lines else ""
+
+
+#: What follows a Spark job's error that names an ``OutOfMemoryError`` (its JVM lived on).
+SPARK_OOM_FIX = (
+    "Spark ran out of memory: give it more (spark.executor.memory; in local mode, where the "
+    "tasks run inside the driver's JVM, spark.driver.memory, set before the session starts) "
+    "or have each task hold fewer bytes at once (spark.sql.execution.arrow.maxRecordsPerBatch)."
+)
+
+#: What follows "Spark's JVM has exited" in every message that says so.
+JVM_EXITED = (
+    "pyspark cannot start another JVM in this process, so no Spark job can run from it any "
+    "more. The driver's stderr shows why it exited; in local mode, where the tasks run inside "
+    "the driver's JVM, it is most often java.lang.OutOfMemoryError: run the program again with "
+    "more memory (spark.driver.memory, e.g. spark-submit --driver-memory 4g, or "
+    ".config('spark.driver.memory', '4g') on the first session built) or with tasks that hold "
+    "fewer bytes at once (spark.sql.execution.arrow.maxRecordsPerBatch)."
+)
+
+
+def spark_jvm_exited(what: str, said: str = "") -> str:
+    """The message for a call whose Spark JVM exited under it (``what``: "pushing epoch 0
+    (train, 1 of 2)"); ``said``: the job's error, when Spark could still say it (a job aborted
+    for an ``OutOfMemoryError`` just before the JVM went)."""
+    return (f"{what} failed: Spark's JVM has exited{f' ({said})' if said else ''}: {JVM_EXITED} "
+            f"The TF nodes stop at shutdown (leaving the `with` block) or when this process exits.")
 
 
 _OURS_IN_TASKS = ("FeedError", "SchemaError", "NotTextError", "RecordError", "StorageError")

@@ -22,10 +22,10 @@ import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
 from dataplane.errors import (
-    ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix,
+    JVM_EXITED, ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix,
 )
 from dataplane.driver.feed import Feeder, FeedReport
-from dataplane.driver.sparkjobs import SparkJob, plain_ctrl_c, spark_stopped
+from dataplane.driver.sparkjobs import SparkJob, jvm_gone, on_jvm_exit, plain_ctrl_c, spark_stopped
 from dataplane.topology import NodeInfo, Topology
 
 __all__ = ["Cluster"]
@@ -164,12 +164,14 @@ class Cluster:
         Raises:
             NodeError: a node's main raised or its process died during the feed.
             ClusterStateError: ``cluster.shutdown()`` began (from another thread) while the
-                call ran, or while it waited for another call: no later epoch is pushed.
+                call ran, or while it waited for another call: no later epoch is pushed; or the
+                SparkSession was stopped, or its JVM has exited.
             SchemaError: ``df`` has no columns, or a column no tensor can hold.
-            FeedError: the feeding job failed, or nothing moved for ``feed_timeout`` seconds.
+            FeedError: the feeding job failed (Spark's JVM exiting under it included), or
+                nothing moved for ``feed_timeout`` seconds.
         """
         self._check_running("train")
-        with plain_ctrl_c(self.spark):
+        with plain_ctrl_c(self.spark), on_jvm_exit(self.spark, "train"):
             report = self._feeder.train(
                 df, num_epochs=num_epochs, feed_timeout=feed_timeout, progress=progress,
                 cache=cache, shuffle=shuffle, seed=seed, validation=validation,
@@ -192,7 +194,8 @@ class Cluster:
         rows past the balanced count are held back on the workers for the next micro-batch
         instead of dropped (``FeedReport.carried_out``)."""
         self._check_running("train")
-        return self._feeder.train(df, num_epochs=1, feed_timeout=feed_timeout, carry=True)
+        with on_jvm_exit(self.spark, "train"):
+            return self._feeder.train(df, num_epochs=1, feed_timeout=feed_timeout, carry=True)
 
     def inference(
         self,
@@ -233,10 +236,11 @@ class Cluster:
             SchemaError: a named column is not in ``df``.
         """
         self._check_running("inference")
-        return self._feeder.inference(
-            df, passthrough=passthrough, columns=columns, output_schema=output_schema,
-            feed_timeout=feed_timeout, max_rows=max_rows,
-        )
+        with on_jvm_exit(self.spark, "inference"):
+            return self._feeder.inference(
+                df, passthrough=passthrough, columns=columns, output_schema=output_schema,
+                feed_timeout=feed_timeout, max_rows=max_rows,
+            )
 
     def metrics(self) -> dict[int, dict[str, Any]]:
         """Per node id: rows_in, bytes_in, batches_in, buffer_bytes, buffer_peak_bytes,
@@ -382,6 +386,12 @@ class Cluster:
                     f"stopped (spark.stop()), and {what} runs Spark jobs on it. Stop Spark after "
                     f"the cluster: leave the `with dataplane.run(...)` block (or call "
                     f"cluster.shutdown()) first."
+                )
+            if jvm_gone(self.spark):
+                raise ClusterStateError(
+                    f"cannot {doing}: the JVM of the SparkSession this cluster was started with "
+                    f"has exited, and {what} runs Spark jobs: {JVM_EXITED} Shut this cluster "
+                    f"down (leave its `with` block) before the program ends."
                 )
 
     def _live_workers(self) -> list[NodeInfo]:

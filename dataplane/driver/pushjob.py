@@ -13,8 +13,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
-from dataplane.errors import FeedError, NodeError, SchemaError, spark_job_error
+from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect, jvm_gone
+from dataplane.errors import (
+    SPARK_OOM_FIX, FeedError, NodeError, SchemaError, spark_error_text, spark_jvm_exited,
+)
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 from formats.sparkframe import (
@@ -163,9 +165,9 @@ def array_shapes(df: Any, schema: pa.Schema) -> ShapeScan:
     return ShapeScan(out, int(row["rows"]), ragged, ragged_bytes)
 
 
-def _schema_message(e: BaseException) -> str | None:
-    """A pushing task's SchemaError message, if that is why the job failed."""
-    m = re.search(r"SchemaError: (.+)", str(e))
+def _schema_message(text: str) -> str | None:
+    """A pushing task's SchemaError message, if that is why the job failed (``text``: its error's)."""
+    m = re.search(r"SchemaError: (.+)", text)
     return m.group(1).strip() if m else None
 
 
@@ -328,19 +330,28 @@ class PushJobs:
             except TimeoutError:
                 pass
             except Exception as e:
-                # The job failed: if a node is behind it, say so. A node that cannot be reached
-                # may be dead: give the heartbeat monitor long enough to decide.
-                text = str(e)
-                schema = _schema_message(e)
+                try:
+                    text = str(e)  # once: a Py4JJavaError fetches it from a JVM that may be going
+                except Exception:  # noqa: BLE001 - that JVM has exited already
+                    text = None
+                if text is None or jvm_gone(self.spark):  # no node is to blame
+                    raise FeedError(spark_jvm_exited(what)) from None
+                schema = _schema_message(text)
                 if schema is not None:
                     raise SchemaError(schema) from None
+                # The job failed: if a node is behind it, say so. A node that cannot be reached
+                # may be dead: give the heartbeat monitor long enough to decide.
                 unreachable = any(
                     k in text for k in ("Unavailable", "unreachable", "Connection refused", "failed to connect")
                 )
                 err = self._failure(grace=self._node_timeout + 2.0 if unreachable else 3.0)
                 if err is not None:
                     raise err from e
-                raise FeedError(f"{what} failed: {type(e).__name__}: {spark_job_error(e)}") from e
+                said = spark_error_text(text) or repr(e)
+                if jvm_gone(self.spark):  # an OutOfMemoryError in local mode ends the JVM after the job
+                    raise FeedError(spark_jvm_exited(what, said)) from None
+                fix = f"{'' if said.endswith('.') else '.'} {SPARK_OOM_FIX}" if "OutOfMemoryError" in said else ""
+                raise FeedError(f"{what} failed: {type(e).__name__}: {said}{fix}") from e
             err = self._failure()
             if err is not None:
                 job.cancel()

@@ -13,7 +13,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
-__all__ = ["SparkJob", "PerDataFrame", "is_connect", "arrow_schema_of", "sample_arrow"]
+__all__ = ["SparkJob", "PerDataFrame", "is_connect", "jvm_gone", "on_jvm_exit", "arrow_schema_of", "sample_arrow"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,41 @@ def spark_stopped(spark: Any) -> bool:
         return bool(getattr(spark, "is_stopped", False))
     sc = getattr(spark, "_sc", None)
     return sc is None or getattr(sc, "_jsc", None) is None
+
+
+def jvm_gone(spark: Any) -> bool:
+    """True once a classic session's JVM has exited (killed by the OS, or out of memory: in
+    local mode the tasks run in it, and an ``OutOfMemoryError`` in one ends it): py4j reaches
+    it no more. False while it answers, after ``spark.stop()`` (its JVM lives on) and for
+    Spark Connect (whose server's failures arrive as errors that say so)."""
+    if is_connect(spark) or spark_stopped(spark):
+        return False
+    from py4j.protocol import Py4JNetworkError
+
+    try:
+        spark._sc._jsc.sc().isStopped()
+    except (Py4JNetworkError, OSError):
+        return True
+    except Exception:  # noqa: BLE001 - it answered, with an error
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def on_jvm_exit(spark: Any, what: str) -> Iterator[None]:
+    """Inside the block, a call into Spark that fails because its JVM has exited (py4j's
+    ConnectionRefusedError, or a Py4JJavaError that cannot fetch its own text) raises a
+    FeedError saying so and what to do; our own errors pass as they are."""
+    from dataplane.errors import DataplaneError, FeedError, spark_jvm_exited
+
+    try:
+        yield
+    except DataplaneError:
+        raise
+    except Exception:
+        if jvm_gone(spark):
+            raise FeedError(spark_jvm_exited(what)) from None
+        raise
 
 
 class PerDataFrame:

@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from dataplane.driver.cluster import Cluster
 from dataplane.driver.control import ControlServer
-from dataplane.errors import NodeError, ReservationError, spark_job_error
-from dataplane.driver.sparkjobs import SparkJob, is_connect
+from dataplane.errors import JVM_EXITED, ClusterStateError, NodeError, ReservationError, spark_job_error
+from dataplane.driver.sparkjobs import SparkJob, is_connect, jvm_gone, spark_stopped
 from dataplane.node.launcher import LAUNCH_SCHEMA, NodeConfig, NodeLauncher
 
 __all__ = ["run"]
@@ -278,6 +278,13 @@ def _validate_tls(tls: Any) -> None:
 def _validate(spark, main, num_nodes, num_ps, evaluator, reservation_timeout, buffer_bytes, port_range) -> None:  # type: ignore[no-untyped-def]
     if not hasattr(spark, "range") or not hasattr(spark, "createDataFrame"):
         raise TypeError(f"spark must be a SparkSession, got {type(spark).__name__}")
+    if spark_stopped(spark):
+        raise ClusterStateError(
+            "cannot start TF nodes: the SparkSession given has been stopped (spark.stop()). "
+            "Start a new one (SparkSession.builder...getOrCreate()) and pass that."
+        )
+    if jvm_gone(spark):
+        raise ClusterStateError(f"cannot start TF nodes: the SparkSession's JVM has exited: {JVM_EXITED}")
     if not callable(main):
         raise TypeError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
     if not isinstance(num_nodes, int) or num_nodes < 1:

@@ -137,6 +137,18 @@ def test_a_failed_spark_job_is_worded_the_same_for_the_launch_and_the_push():
     assert spark_job_error(RuntimeError(task)) == "formats.errors.StorageError: cannot read s3://b/k: denied"
 
 
+def test_a_spark_error_whose_jvm_has_gone_is_named_not_raised_again():
+    # py4j's Py4JJavaError fetches its text from the JVM on str(): once that JVM has exited
+    # (out of memory in local mode), wording the job's failure raised ConnectionRefusedError
+    class Py4JJavaError(Exception):
+        def __str__(self) -> str:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    assert spark_job_error(Py4JJavaError()) == (
+        "Py4JJavaError (its text could not be read: Spark's JVM no longer answers)")
+    assert spark_job_error(RuntimeError("")) == "RuntimeError('')"
+
+
 def test_data_notes_name_an_empty_pass_only_when_there_was_one():
     from dataplane.driver.feed import DataNotes, _EpochBooks, _empty_notes, _Split
     from dataplane.errors import NodeError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -522,6 +523,93 @@ def test_nodes_exit_when_the_driver_dies(tmp_path):
     gone_after = wait_gone(info["pids"], 30)
     assert gone_after < 30
     assert node_processes(info["id"]) == []
+
+
+_JVM_KILLED_DRIVER = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from pyspark.sql import SparkSession
+    import dataplane
+    from dataplane.errors import ClusterStateError, FeedError
+    from tests.dataplane.mains import wide_main
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "512m").getOrCreate())
+    out = {}
+    df = spark.range(0, 3000000, 1, 4).selectExpr("id", "cast(id as double) as x")
+    small = df.limit(10)
+    if sys.argv[1] == "oom":  # rows of 300 MB, each made twice (a string, then bytes)
+        df = spark.range(0, 4, 1, 2).selectExpr("id", "cast(repeat('x', 314572800) as binary) as vol")
+        small = spark.range(0, 4, 1, 2).selectExpr("id", "cast('ab' as binary) as vol")
+    with dataplane.run(spark, wide_main, num_nodes=2) as c:
+        out["pids"], out["id"] = [n.pid for n in c.nodes], c.cluster_id
+
+        def kill_once_rows_move():  # what the OS's out-of-memory killer does to a big JVM
+            while not any(m["rows_in"] for m in c.metrics().values()):
+                time.sleep(0.05)
+            os.kill(spark.sparkContext._gateway.proc.pid, signal.SIGKILL)
+            out["killed_at"] = time.monotonic()
+
+        if sys.argv[1] == "kill":
+            threading.Thread(target=kill_once_rows_move, daemon=True).start()
+        t0 = time.monotonic()
+        try:
+            c.train(df, 20, feed_timeout=120)
+            out["train"] = "returned"
+        except FeedError as e:
+            out["train"] = str(e)
+        out["seconds"] = time.monotonic() - out.get("killed_at", t0)
+        try:
+            out["again_rows"] = c.train(small, 1).rows
+        except ClusterStateError as e:
+            out["again"] = str(e)
+        t0 = time.monotonic()
+    out["shutdown_seconds"] = time.monotonic() - t0
+    if "again" in out:
+        try:
+            dataplane.run(spark, wide_main, num_nodes=1)
+        except ClusterStateError as e:
+            out["run"] = str(e)
+    print(json.dumps(out), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["kill", "oom"])
+def test_spark_s_jvm_killed_or_out_of_memory_mid_train_fails_it_saying_what_to_do(tmp_path, how):
+    """Spark's JVM killed during a push (the OS's out-of-memory killer; an OutOfMemoryError in
+    a local-mode task can end it too): train() raised py4j's ConnectionRefusedError (or a
+    Py4JJavaError whose text could no longer be read) after waiting 12 s for a node to blame,
+    and every later call and run() the same. Rows too big for the heap ("oom") failed the job
+    with the bare "OutOfMemoryError: Java heap space"; whichever way it ends, the message
+    names the memory settings."""
+    script = tmp_path / "driver.py"
+    script.write_text(_JVM_KILLED_DRIVER)
+    proc = subprocess.run(
+        [sys.executable, str(script), how], capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert line, proc.stderr[-3000:]
+    out = json.loads(line[-1])
+    assert out["train"].startswith("pushing epoch 0 (train, 1 of 20) failed: " if how == "oom" else
+                                   "pushing epoch "), out["train"]
+    assert "java.lang.OutOfMemoryError" in out["train"] or "OutOfMemoryError: Java heap space" in out["train"]
+    assert "spark.driver.memory" in out["train"] and "maxRecordsPerBatch" in out["train"], out["train"]
+    if how == "kill" or "again" in out:  # the JVM exited
+        assert re.match(r"pushing epoch \d+ \(train, \d+ of 20\) failed: Spark's JVM has exited",
+                        out["train"]), out["train"]
+        for text in (out["train"], out["again"], out["run"]):
+            assert "pyspark cannot start another JVM in this process" in text, text
+            assert "java.lang.OutOfMemoryError" in text and "spark.driver.memory" in text, text
+        assert out["again"].startswith("cannot train: the JVM of the SparkSession"), out["again"]
+        assert out["run"].startswith("cannot start TF nodes: the SparkSession's JVM has exited"), out["run"]
+    else:  # it lived on, and so does the cluster
+        assert "Spark ran out of memory" in out["train"], out["train"]
+        assert out["again_rows"] == 4, out
+    assert out["seconds"] < (5 if how == "kill" else 60), out
+    assert out["shutdown_seconds"] < 30, out
+    wait_gone(out["pids"], 15)
+    assert node_processes(out["id"]) == []
 
 
 _INTERRUPTED_DRIVER = textwrap.dedent(
