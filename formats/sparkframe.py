@@ -207,6 +207,19 @@ def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS, *,
     return {n: sum(r[f"v{i}"] for r in got) / len(got) for i, n in enumerate(names)}
 
 
+def shuffles(df: Any) -> bool:
+    """Whether computing ``df`` takes an exchange (a join, an aggregate, a repartition), which
+    a query of its first rows computes in full; True where the plan cannot be read (Spark
+    Connect). A frame read from files, filtered and projected, does not."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return True
+    try:
+        return "Exchange" in str(jdf.queryExecution().executedPlan().toString())
+    except Exception:  # noqa: BLE001 - cannot tell: assume the costly case
+        return True
+
+
 def sampled_row_bytes(df: Any, schema: pa.Schema) -> int:
     """:func:`row_bytes` of ``df`` with every binary, string and array column's size from
     :func:`value_bytes` (a sample of its first rows)."""

@@ -20,7 +20,8 @@ from dataplane.errors import (
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes
 from formats.sparkframe import (
-    RECORDS_PER_BATCH, arrow_batches_by_rows, records_per_batch, value_bytes, value_width, with_conf,
+    RECORDS_PER_BATCH, arrow_batches_by_rows, records_per_batch, shuffles, value_bytes, value_width,
+    with_conf,
 )
 
 __all__ = ["PushJobs", "FeedClock", "Moved", "ShapeScan", "array_shapes", "feed_timeout_error", "TASKS_PER_SLOT"]
@@ -226,11 +227,14 @@ class PushJobs:
         """``formats.sparkframe.value_bytes`` of ``df``, remembered while it is alive, where the push job's
         Arrow batch size depends on it: a Spark that cuts batches by rows, and a binary column
         (image or audio bytes: 10,000 JPEGs of 100 KB make a 1 GB batch; the default rows per
-        batch ran Spark 3.5's executor out of memory). Else {}: string columns alone are
-        mostly names and keys, not worth a query (a shuffled frame computes its shuffle)."""
+        batch ran Spark 3.5's executor out of memory) or a string column of a frame computed
+        without a shuffle (long documents read from files; a shuffled frame's sample would
+        compute its shuffle, a high price for the names and keys most strings are). Else {}."""
         if not arrow_batches_by_rows(self.spark):
             return {}
-        if not any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema):
+        binary = any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema)
+        strings = any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type) for f in schema)
+        if not binary and not (strings and not shuffles(df)):
             return {}
         return self._values.get(df, lambda: value_bytes(df, schema))
 

@@ -234,6 +234,11 @@ _WIDE = textwrap.dedent(
     with dataplane.run(spark, wide_main, {}, num_nodes=1) as c:
         rep = c.train(df, 1, feed_timeout=60)
         result["binary"] = {"rows": rep.rows, "bytes": rep.bytes, "read": c.metrics()[0]["rows_yielded"]}
+    # long documents as strings, 20,000 of 100 KB (read from files, or made as here: no shuffle)
+    docs = spark.range(0, 20000, 1, 2).selectExpr("id", "repeat(lpad(hex(id), 10, '0'), 10240) as text")
+    with dataplane.run(spark, wide_main, {}, num_nodes=1) as c:
+        rep = c.train(docs, 1, feed_timeout=60)
+        result["text"] = {"rows": rep.rows, "bytes": rep.bytes, "read": c.metrics()[0]["rows_yielded"]}
     # inference's output is a query the user runs later: the session's setting is lowered
     with dataplane.run(spark, byte_count_main, {}, num_nodes=1) as c:
         out = c.inference(df, passthrough=("id",))
@@ -245,17 +250,21 @@ _WIDE = textwrap.dedent(
 )
 
 
-def test_image_rows_of_48_kib_and_100_kib_binaries_train_and_infer_in_spark_default_memory(tmp_path):
+def test_image_rows_binaries_and_documents_of_100_kib_train_and_infer_in_spark_default_memory(tmp_path):
     # 40,000 rows of 64x64x3 float32 in two partitions: Spark 3.5 hands a mapInArrow task
     # Arrow batches of 10,000 rows (480 MB) whatever their size, two tasks ran out of the
     # 1 GiB of direct memory in the thread writing to Python, and the push stood still until
     # feed_timeout. The push job asks for batches of about 64 MiB there (Spark 4 cuts them
-    # by bytes itself). The same for 100 KiB binary values, whose size a sample tells.
+    # by bytes itself). The same for 100 KiB binary values and 100 KB strings, whose size a
+    # sample tells.
     result, proc = _driver(_WIDE, tmp_path)
     # bytes: id, the floats and one list offset a row; id, the bytes and their offset
     binary, inference, batch_rows = result.pop("binary"), result.pop("inference"), result.pop("batch_rows")
+    text = result.pop("text")
     assert result == {"rows": 40000, "bytes": 40000 * (8 + 12288 * 4 + 4), "read": 40000}, result
     assert binary == {"rows": 20000, "bytes": 20000 * (8 + 102400 + 4), "read": 20000}, binary
+    # strings alone are sampled too when the frame has no shuffle (it hung as the binaries did)
+    assert text == {"rows": 20000, "bytes": 20000 * (8 + 102400 + 4), "read": 20000}, text
     # inference answered every row; on Spark 3.5 it lowered the session's rows per batch to
     # about 64 MiB of these rows, and said so (train's own setting was set back)
     assert inference == [20000, 20000, 102400, 102400], inference
@@ -295,6 +304,21 @@ def test_a_sample_tells_the_bytes_of_binary_and_string_values(spark):
     assert value_bytes(df, schema, rows=2) == {"img": 2.0, "name": 5 / 2}  # the first rows only
     assert value_bytes(df.filter("id > 9"), schema) == {"img": 0.0, "name": 0.0}
     assert value_bytes(df.select("id"), arrow_schema_of(df.select("id"))) == {}
+
+
+def test_a_frame_computed_without_an_exchange_is_told_from_a_shuffled_one(spark, tmp_path):
+    # on Spark 3.5 the push samples the string columns of a frame whose first rows are cheap
+    # to read (files read, filtered, projected), not of one whose sample computes a shuffle
+    from formats.sparkframe import shuffles
+
+    spark.range(0, 100, 1, 4).selectExpr("id", "cast(id as string) as s").write.parquet(str(tmp_path / "t"))
+    files = spark.read.parquet(str(tmp_path / "t"))
+    assert shuffles(files.filter("id > 3").select("s")) is False
+    assert shuffles(spark.range(10).selectExpr("repeat('x', 9) as s")) is False
+    assert shuffles(files.repartition(3)) is True
+    assert shuffles(files.groupBy("s").count()) is True
+    assert shuffles(files.join(files.select("id"), "id")) is True
+    assert shuffles(files.orderBy("s")) is True
 
 
 def test_the_shape_scan_tells_the_bytes_of_ragged_arrays(spark):
