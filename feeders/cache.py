@@ -26,9 +26,25 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EpochCache", "MemoryBudget"]
+from formats.errors import StorageError
+
+__all__ = ["EpochCache", "MemoryBudget", "spill_failed"]
 
 _SPILL_FILE_BYTES = 256 << 20  # one spill file holds up to this many bytes of batches
+
+
+def spill_failed(path: str, e: OSError, what: str, fix: str) -> StorageError:
+    """A node could not write ``what`` to ``path`` (a full disk, most often): the error names
+    the file, the free space left there and ``fix``."""
+    try:
+        st = os.statvfs(os.path.dirname(path))
+        free = f"; {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free there"
+    except OSError:
+        free = ""
+    # (Arrow's own text, "Error writing bytes to file. Detail: [errno 28] ...", would read as
+    # gRPC's detail, which feeders.flight.flight_message cuts off)
+    reason = os.strerror(e.errno) if e.errno else (e.strerror or str(e))
+    return StorageError(f"could not write {what} to {path}: {reason}{free}. {fix}")
 
 
 class MemoryBudget:
@@ -89,26 +105,37 @@ class EpochCache:
         with self._lock:
             if self.sealed:
                 raise RuntimeError(f"cache {self.cache_id} is sealed")
-            self._keys.append(key)
             if self._budget.take(nbytes):
                 self._where.append((-1, len(self._memory)))
                 self._memory.append(batch)
                 self.memory_used += nbytes
             else:
                 self._spill(batch)
+            self._keys.append(key)  # (after the spill, which may fail: one entry per batch)
             self.rows += batch.num_rows
             self.bytes += nbytes
 
     def _spill(self, batch: pa.RecordBatch) -> None:
-        if self._writer is None or self._writer_bytes >= _SPILL_FILE_BYTES:
-            self._close_writer()
-            os.makedirs(self.directory, exist_ok=True)
-            path = os.path.join(self.directory, f"cache-{self.cache_id}-{len(self._files)}.arrow")
-            self._files.append(path)
-            self._writer = pa.ipc.new_file(path, self.schema)
-            self._writer_bytes = 0
-            self._writer_batches = 0
-        self._writer.write_batch(batch)
+        try:
+            if self._writer is None or self._writer_bytes >= _SPILL_FILE_BYTES:
+                self._close_writer()
+                os.makedirs(self.directory, exist_ok=True)
+                path = os.path.join(self.directory, f"cache-{self.cache_id}-{len(self._files)}.arrow")
+                self._files.append(path)
+                self._writer = pa.ipc.new_file(path, self.schema)
+                self._writer_bytes = 0
+                self._writer_batches = 0
+            self._writer.write_batch(batch)
+        except OSError as e:  # Arrow's IOError is one too
+            self._writer = None  # (its file is removed with the others when the cache is dropped)
+            raise spill_failed(
+                self._files[-1] if self._files else self.directory, e,
+                "the cached rows beyond its memory bound",
+                f"The cache keeps {self.memory_used / 2**20:.0f} MiB in memory "
+                f"(dataplane.run(cache_bytes=...)) and the rest in the node's work directory, "
+                f"under spark.local.dir: free space there, point spark.local.dir at a larger "
+                f"disk, raise cache_bytes, or train without cache=True.",
+            ) from None
         self._where.append((len(self._files) - 1, self._writer_batches))
         self._writer_batches += 1
         self._writer_bytes += batch.nbytes

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from feeders.cache import EpochCache
+from feeders.cache import EpochCache, spill_failed
 from feeders.protocol import BeginEpoch
 
 __all__ = ["FeedStopped", "ConsumerFinished", "EpochClosed", "EpochWithdrawn", "EpochInfo", "NodeEpoch",
@@ -111,15 +111,23 @@ class ParkedRows:
     def _store(self, batch: pa.RecordBatch, spill: bool) -> tuple[Any, int, int]:
         if not spill:
             return batch, batch.num_rows, batch.nbytes
-        if self._writer is None:
-            os.makedirs(self.directory, exist_ok=True)
-            index = self._made
-            self._made += 1
-            self._files[index] = os.path.join(self.directory, f"parked-{self.name}-{index}.arrow")
-            self._left[index] = 0
-            self._writer = pa.ipc.new_file(self._files[index], batch.schema)
-            self._written = 0
-        self._writer.write_batch(batch)
+        try:
+            if self._writer is None:
+                os.makedirs(self.directory, exist_ok=True)
+                index = self._made
+                self._made += 1
+                self._files[index] = os.path.join(self.directory, f"parked-{self.name}-{index}.arrow")
+                self._left[index] = 0
+                self._writer = pa.ipc.new_file(self._files[index], batch.schema)
+                self._written = 0
+            self._writer.write_batch(batch)
+        except OSError as e:
+            raise spill_failed(
+                self._files.get(self._made - 1, self.directory), e,
+                "rows set aside while another epoch's pass waited for its own",
+                "The node sets them aside in its work directory, under spark.local.dir: free "
+                "space there or point spark.local.dir at a larger disk.",
+            ) from None
         self._written += 1
         index = self._made - 1
         self._left[index] += 1

@@ -147,6 +147,7 @@ class Refusal(str, enum.Enum):
     EPOCH_CLOSED = "[dataplane:epoch-closed]"  # the node's pass over this epoch has ended
     NODE_STOPPING = "[dataplane:node-stopping]"  # the node is shutting down
     SCHEMA = "[dataplane:schema]"  # the rows cannot become the node's tensors (a SchemaError)
+    STORAGE = "[dataplane:storage]"  # the node could not write rows to its disk (a StorageError)
 
     @property
     def ends_stream_only(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from formats.errors import FeedError, SchemaError
+from formats.errors import FeedError, SchemaError, StorageError
 from formats.schema import list_levels
 from feeders.flight import flight_message
 from feeders.protocol import (
@@ -226,10 +226,12 @@ def _refused_or_raise(p: _Push, s: _Stream, e: flight.FlightError) -> None:
         s.was_refused = True
         _close_quietly(s.writer)
         return
-    if why is Refusal.SCHEMA:
+    if why in (Refusal.SCHEMA, Refusal.STORAGE):
         detail = text[text.index(why.value) + len(why.value):].strip().splitlines()[0]
         # (without gRPC's debug context, which repeats the message)
-        raise SchemaError(f"{flight_message(detail)} (pushed to node {s.node})") from None
+        if why is Refusal.SCHEMA:
+            raise SchemaError(f"{flight_message(detail)} (pushed to node {s.node})") from None
+        raise StorageError(f"pushing partition {p.partition} of epoch {p.epoch}: {flight_message(detail)}") from None
     raise _error(p, s, e) from e
 
 

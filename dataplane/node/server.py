@@ -24,7 +24,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from dataplane.errors import FeedError, NotServing, SchemaError
+from dataplane.errors import FeedError, NotServing, SchemaError, StorageError
 from dataplane.rpc import AuthMiddlewareFactory, json_result
 from feeders.buffer import ConsumerFinished, EpochClosed, EpochInfo, FeedBuffer, FeedStopped
 from feeders.protocol import Action, BeginEpoch, ChunkTag, FeedCommand, PutReply, Refusal
@@ -198,6 +198,8 @@ class NodeServer(flight.FlightServerBase):
             ) from None
         except SchemaError as e:
             raise flight.FlightServerError(f"{Refusal.SCHEMA.value} {e}") from None
+        except StorageError as e:  # its cache or set-aside rows met a full disk
+            raise flight.FlightServerError(f"{Refusal.STORAGE.value} node {self.node_id} {e}") from None
         except FeedError as e:
             raise flight.FlightServerError(f"node {self.node_id}: {e}") from None
         writer.write(pa.py_buffer(PutReply(rows).encode()))

@@ -6,8 +6,11 @@ import gc
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from feeders.cache import EpochCache
+from feeders.epoch import ParkedRows
+from formats.errors import StorageError
 
 
 def _rss_kib(field: str) -> int:
@@ -87,3 +90,30 @@ def test_a_nodes_caches_share_one_memory_bound(tmp_path):
     for c in (val, again):
         c.drop()
     assert budget.used == 0 and not any(p.exists() for p in tmp_path.iterdir())
+
+
+def test_a_full_disk_under_the_spill_is_named_with_the_ways_out(tmp_path):
+    # the cache's first spill file is /dev/full, which refuses every write with ENOSPC: a
+    # node whose spark.local.dir filled up failed its push with Arrow's "Error writing bytes
+    # to file", which the pushing task worded as a node it could not reach
+    def rows(n: int) -> pa.RecordBatch:
+        return pa.record_batch({"id": np.arange(n), "x": np.zeros(n)})
+
+    os_full = "/dev/full"
+    (tmp_path / "cache-c1-0.arrow").symlink_to(os_full)
+    cache = EpochCache("c1", rows(1).schema, directory=str(tmp_path), memory_bytes=0)
+    with pytest.raises(StorageError) as info:
+        cache.add(rows(1000), key=(0, 0))
+    text = str(info.value)
+    assert text.startswith(f"could not write the cached rows beyond its memory bound to "
+                           f"{tmp_path / 'cache-c1-0.arrow'}: No space left on device; "), text
+    assert "MiB free there" in text and "spark.local.dir" in text and "cache_bytes" in text, text
+    assert (cache.rows, cache.bytes, cache.spilled_bytes) == (0, 0, 0)  # nothing counted
+    assert len(cache._keys) == len(cache._where) == 0  # one entry per stored batch, as before
+
+    (tmp_path / "parked-e3-0.arrow").symlink_to(os_full)
+    parked = ParkedRows(str(tmp_path), "e3")
+    with pytest.raises(StorageError, match=r"could not write rows set aside while another epoch's "
+                       r"pass waited for its own to .*parked-e3-0\.arrow: No space left on device"):
+        parked.add(rows(1000), spill=True)
+    assert parked.rows == 0

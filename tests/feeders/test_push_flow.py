@@ -166,6 +166,36 @@ def test_a_worker_leaving_the_epoch_is_sent_no_more_of_it(nodes):
         assert b.snapshot()["buffer_bytes"] == 0  # what was queued was dropped
 
 
+def test_a_node_whose_cache_meets_a_full_disk_fails_the_task_naming_node_file_and_fixes(tmp_path):
+    """Node 1 records epoch 0 into a cache with no memory (all spilled) onto a full disk
+    (its spill file is /dev/full). The task raised a FeedError that named the transport:
+    "FlightServerError: [Errno 28] Error writing bytes to file. If the node died, ... check
+    that executors can reach" it."""
+    from formats.errors import StorageError
+
+    made = []
+    try:
+        for node_id in range(2):
+            (tmp_path / f"n{node_id}").mkdir()
+            buf = FeedBuffer(CAPACITY, cache_dir=str(tmp_path / f"n{node_id}"), cache_bytes=0)
+            buf.begin_epoch(EpochInfo(0, _schema(), record="c1"))
+            made.append((buf, NodeServer("grpc://127.0.0.1:0", SECRET, buffer=buf, broker=InferenceBroker(),
+                                         on_shutdown=lambda: None, node_id=node_id)))
+        (tmp_path / "n1" / "cache-c1-0.arrow").symlink_to("/dev/full")
+        with pytest.raises(StorageError) as info:
+            push_partition(iter([_batch(0, 40)]), _job(made, partition=3))
+        text = str(info.value)
+        assert text.startswith(
+            f"pushing partition 3 of epoch 0: node 1 could not write the cached rows beyond its "
+            f"memory bound to {tmp_path / 'n1' / 'cache-c1-0.arrow'}: No space left on device; "), text
+        assert "spark.local.dir" in text and "cache_bytes" in text and "reach" not in text, text
+        assert made[0][0].epoch_rows(0) == 20  # the other node kept its share
+    finally:
+        for buf, server in made:
+            buf.stop()
+            server.shutdown()
+
+
 def test_two_tasks_at_once_with_lockstep_consumers(nodes):
     """Two partitions pushed concurrently (chunks sized for two tasks) into the same nodes."""
     rows = 800
