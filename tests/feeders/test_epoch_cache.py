@@ -97,7 +97,7 @@ def test_a_full_disk_under_the_spill_is_named_with_the_ways_out(tmp_path):
     # node whose spark.local.dir filled up failed its push with Arrow's "Error writing bytes
     # to file", which the pushing task worded as a node it could not reach
     def rows(n: int) -> pa.RecordBatch:
-        return pa.record_batch({"id": np.arange(n), "x": np.zeros(n)})
+        return pa.RecordBatch.from_pydict({"id": np.arange(n), "x": np.zeros(n)})
 
     os_full = "/dev/full"
     (tmp_path / "cache-c1-0.arrow").symlink_to(os_full)
