@@ -230,6 +230,17 @@ _RAGGED_INPUT = (
     "fails naming its row. Variable-length data needs padding or a model that takes ragged input."
 )
 
+_BY_NAME_IN_A_CHILD = (
+    "main handed a function (or class) of the driver's script to another process "
+    "(multiprocessing, a process pool, Keras' use_multiprocessing=True): main reaches the node "
+    "by value, but a child process finds what it runs by module and name, and the node's "
+    "__main__ is not your script. Define it in a module the executors can import "
+    "(spark-submit --py-files, or spark.sparkContext.addPyFile(path)) and import it in main; "
+    "or use threads, or tf.data's map(..., num_parallel_calls=tf.data.AUTOTUNE). (A node's "
+    "child processes start from a clean process, multiprocessing's 'forkserver', since a "
+    "fork of a node's threads can hang.)"
+)
+
 # the causes of an empty pass the traceback cannot tell apart; a node that knows why its
 # pass was empty says so instead (known_fix's note)
 EMPTY_FIRST_EPOCH = (
@@ -267,6 +278,9 @@ _KNOWN_FIXES = (
      "A value of a ctx.dataset(decode={...: 'jpeg'}) column is a damaged JPEG (it starts like "
      "one but does not decode): find it on the DataFrame, e.g. with a UDF calling "
      "tf.io.decode_jpeg, or drop the rows whose image is shorter than it should be."),
+    # multiprocessing in main with a function of the driver's script (by value, not by name)
+    (("Can't pickle <function", "on __main__ failed"), _BY_NAME_IN_A_CHILD),
+    (("Can't get attribute", "on <module '__main__'"), _BY_NAME_IN_A_CHILD),
     (("DecodePng",), "A value of a ctx.dataset(decode={...: 'png'}) column is a damaged PNG (it "
      "starts like one but does not decode): find it on the DataFrame, e.g. with a UDF calling "
      "tf.io.decode_png."),

@@ -554,6 +554,13 @@ def _main(argv: list[str]) -> int:
     # stdout is a file: without this, main's prints would reach node.log (and the driver)
     # only when a block of them filled up
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    # main runs beside gRPC's, Flight's and TensorFlow's threads: a child forked from here
+    # inherits whatever lock one of them held at that moment, and may wait on it for ever (a
+    # multiprocessing.Pool in main hung its node in one run of two). Children start from a
+    # clean server process instead, as Python 3.14 does by default on Linux.
+    import multiprocessing
+
+    multiprocessing.set_start_method("forkserver", force=True)
     node = _Node(config_path, ready_fd)
     # The driver asks nicely; a plain SIGTERM (executor killed) also stops the node.
     signal.signal(signal.SIGTERM, lambda *_: node.request_stop())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from dataplane.errors import error_summary, spark_job_error
+from dataplane.errors import error_summary, known_fix, spark_job_error
 
 
 def _traceback_of(fn) -> str:  # type: ignore[no-untyped-def]
@@ -147,6 +147,17 @@ def test_a_spark_error_whose_jvm_has_gone_is_named_not_raised_again():
     assert spark_job_error(Py4JJavaError()) == (
         "Py4JJavaError (its text could not be read: Spark's JVM no longer answers)")
     assert spark_job_error(RuntimeError("")) == "RuntimeError('')"
+
+
+def test_a_driver_script_s_function_sent_to_a_child_process_is_explained():
+    # main and its helpers reach the node by value; multiprocessing finds what a child runs by
+    # module and name, and the node's __main__ is not the user's script
+    fork = ("_pickle.PicklingError: Can't pickle <function square at 0x7f1b53200040>: "
+            "attribute lookup square on __main__ failed")
+    spawn = "AttributeError: Can't get attribute 'square' on <module '__main__' (built-in)>"
+    for text in (fork, spawn):
+        fix = known_fix(text)
+        assert fix is not None and "a module the executors can import" in fix and "addPyFile" in fix, fix
 
 
 def test_data_notes_name_an_empty_pass_only_when_there_was_one():

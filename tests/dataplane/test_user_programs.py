@@ -944,6 +944,40 @@ def test_main_from_a_module_the_executors_get_with_add_py_file(spark, tmp_path):
     _stop(cluster, pids)
 
 
+def _square(x: int) -> int:
+    return x * x
+
+
+def _pool_main(args, ctx):  # type: ignore[no-untyped-def]
+    """A user's preprocessing in a process pool, a new pool for every batch, beside the feed."""
+    import multiprocessing as mp
+
+    total = 0
+    for b in ctx.dataset(100):
+        with mp.Pool(2) as pool:
+            total += sum(pool.map(_square, b["id"].numpy().tolist()))
+    _write(os.path.join(args["dir"], f"pool{ctx.node_id}.json"), {"method": mp.get_start_method(), "total": total})
+
+
+def test_a_process_pool_in_main_runs_beside_the_feed(spark, tmp_path):
+    """multiprocessing forks main's process by default on Linux, its gRPC and TensorFlow
+    threads and all: with a pool a batch, one node of two hung in two runs of three (a child
+    waiting on a lock another thread held at the fork) until feed_timeout. A node's children
+    now start from a forkserver."""
+    rows = 2000
+    df = spark.range(0, rows, 1, 2).selectExpr("id", "cast(id as float) as x")
+    with dataplane.run(spark, _pool_main, {"dir": str(tmp_path)}, num_nodes=2) as cluster:
+        t0 = time.monotonic()
+        report = cluster.train(df, 1, feed_timeout=FEED_TIMEOUT)
+        assert time.monotonic() - t0 < RETURNS_WITHIN
+        got = [wait_json(tmp_path / f"pool{n.node_id}.json", 60) for n in cluster.nodes]
+        pids = [n.pid for n in cluster.nodes]
+    assert [g["method"] for g in got] == ["forkserver", "forkserver"]
+    assert report.dropped_for_balance == 0 and report.rows_unconsumed == {}
+    assert sum(g["total"] for g in got) == sum(i * i for i in range(rows))
+    wait_gone(pids, 30)
+
+
 def _keras_fit_main(args, ctx):  # type: ignore[no-untyped-def]
     import tf_keras as keras
 
