@@ -542,6 +542,24 @@ def pa_error():  # type: ignore[no-untyped-def]
     return pa.ArrowException
 
 
+def _children_from_a_forkserver() -> None:
+    """Make multiprocessing's default start method "forkserver" in this process.
+
+    main runs beside gRPC's, Flight's and TensorFlow's threads: a child forked from here
+    inherits whatever lock one of them held at that moment, and may wait on it for ever (a
+    multiprocessing.Pool in main hung its node in two runs of three). Children start from a
+    clean server process instead, as Python 3.14 does by default on Linux. Only the default
+    changes, as 3.14 changes it: a main that calls ``set_start_method`` itself still may
+    (with ``set_start_method("forkserver")`` here, its call would raise "context has already
+    been set")."""
+    import multiprocessing.context as mpc
+
+    default = getattr(mpc, "_default_context", None)
+    contexts = getattr(mpc, "_concrete_contexts", {})
+    if hasattr(default, "_default_context") and "forkserver" in contexts:
+        default._default_context = contexts["forkserver"]  # type: ignore[union-attr]
+
+
 def _main(argv: list[str]) -> int:
     config_path, ready_fd = argv[1], int(argv[2])  # (argv[0]: "--run")
     # Our own INFO lines, other libraries' from WARNING up (as in a plain TF program: at INFO,
@@ -554,13 +572,7 @@ def _main(argv: list[str]) -> int:
     # stdout is a file: without this, main's prints would reach node.log (and the driver)
     # only when a block of them filled up
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    # main runs beside gRPC's, Flight's and TensorFlow's threads: a child forked from here
-    # inherits whatever lock one of them held at that moment, and may wait on it for ever (a
-    # multiprocessing.Pool in main hung its node in one run of two). Children start from a
-    # clean server process instead, as Python 3.14 does by default on Linux.
-    import multiprocessing
-
-    multiprocessing.set_start_method("forkserver", force=True)
+    _children_from_a_forkserver()
     node = _Node(config_path, ready_fd)
     # The driver asks nicely; a plain SIGTERM (executor killed) also stops the node.
     signal.signal(signal.SIGTERM, lambda *_: node.request_stop())
