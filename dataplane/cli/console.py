@@ -78,6 +78,21 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def jvm_exited_line(spark: Any = None) -> str | None:
+    """The line a command prints when Spark's JVM (``spark``'s, or the process's active
+    SparkContext's) has exited under it, else None."""
+    from dataplane.driver.sparkjobs import jvm_gone
+
+    if not jvm_gone(spark):
+        return None
+    return (
+        "Spark's JVM has exited, most often because it ran out of memory "
+        "(java.lang.OutOfMemoryError; with -v its log says): run the command again with "
+        "more, e.g. SPARK_DRIVER_MEMORY=4g in front of it (in local mode the tasks run "
+        "inside the driver's JVM), or on a cluster more spark.executor.memory"
+    )
+
+
 def problem_line(exc: BaseException) -> str:
     """One line naming what went wrong, for ``dataplane <cmd>: error: <line>``.
 
@@ -88,7 +103,13 @@ def problem_line(exc: BaseException) -> str:
     """
     from dataplane.errors import DataplaneError
 
-    text = str(exc)
+    gone = jvm_exited_line()
+    if gone is not None:
+        return gone
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a py4j error whose JVM is gone cannot fetch its text
+        return type(exc).__name__
     if "Traceback (most recent call last)" in text:
         tail = text.rsplit("Traceback (most recent call last)", 1)[1].splitlines()
         for line in reversed(tail):

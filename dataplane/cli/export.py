@@ -306,8 +306,10 @@ def run(args: argparse.Namespace) -> int:
         _remove_output(dst, dst_created)
         raise
     finally:
-        if not (args.master or "").startswith("sc://"):
-            spark.stop()
+        from dataplane.cli.console import jvm_exited_line
+
+        if not (args.master or "").startswith("sc://") and jvm_exited_line(spark) is None:
+            spark.stop()  # (a JVM that has exited cannot be stopped: py4j's error would follow ours)
 
 
 def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_created: bool,
@@ -355,7 +357,7 @@ def _export(spark: Any, args: argparse.Namespace, src: Any, dst: Any, dst_create
                 ).parquet(args.dst)
             rows, files, nbytes = _parquet_stats(dst)
     except Exception as exc:  # noqa: BLE001 - ours (DataplaneError) or a failed Spark job
-        return _failed(exc, bar, dst, dst_created, getattr(args, "verbose", 0))
+        return _failed(spark, exc, bar, dst, dst_created, getattr(args, "verbose", 0))
     bar.close()
     return _summary(args, rows, files, nbytes, started)
 
@@ -373,17 +375,21 @@ def _parquet_to_tfrecord(spark: Any, args: argparse.Namespace, dst: Any, dst_cre
             flatten_structs=args.flatten_structs, progress=bar,
         )
     except Exception as exc:  # noqa: BLE001 - ours (DataplaneError) or a failed Spark job
-        return _failed(exc, bar, dst, dst_created, getattr(args, "verbose", 0))
+        return _failed(spark, exc, bar, dst, dst_created, getattr(args, "verbose", 0))
     bar.close()
     return _summary(args, res.rows, res.files, res.bytes, started)
 
 
-def _failed(exc: Exception, bar: "_Bar", dst: Any, dst_created: bool, verbose: int) -> int:
+def _failed(spark: Any, exc: Exception, bar: "_Bar", dst: Any, dst_created: bool, verbose: int) -> int:
     """End a failed export: close the bar, remove partial output, report on stderr."""
+    from dataplane.cli.console import jvm_exited_line
     from dataplane.errors import DataplaneError
 
     bar.close()
     _remove_output(dst, dst_created)
+    gone = jvm_exited_line(spark)
+    if gone is not None:
+        return _fail(gone, _EXIT_FAILED, verbose=verbose)
     if isinstance(exc, DataplaneError):
         return _fail(_cli_words(str(exc)), verbose=verbose)
     return _fail(f"the export job failed: {_spark_error_text(exc)}", _EXIT_FAILED, verbose=verbose)

@@ -31,17 +31,27 @@ def spark_stopped(spark: Any) -> bool:
     return sc is None or getattr(sc, "_jsc", None) is None
 
 
-def jvm_gone(spark: Any) -> bool:
+def jvm_gone(spark: Any = None) -> bool:
     """True once a classic session's JVM has exited (killed by the OS, or out of memory: in
     local mode the tasks run in it, and an ``OutOfMemoryError`` in one ends it): py4j reaches
     it no more. False while it answers, after ``spark.stop()`` (its JVM lives on) and for
-    Spark Connect (whose server's failures arrive as errors that say so)."""
-    if is_connect(spark) or spark_stopped(spark):
+    Spark Connect (whose server's failures arrive as errors that say so). ``spark`` None: the
+    process's active SparkContext, if pyspark has started one."""
+    if spark is None:
+        import sys
+
+        pyspark = sys.modules.get("pyspark")
+        sc = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
+    elif is_connect(spark) or spark_stopped(spark):
+        return False
+    else:
+        sc = spark._sc
+    if getattr(sc, "_jsc", None) is None:
         return False
     from py4j.protocol import Py4JNetworkError
 
     try:
-        spark._sc._jsc.sc().isStopped()
+        sc._jsc.sc().isStopped()
     except (Py4JNetworkError, OSError):
         return True
     except Exception:  # noqa: BLE001 - it answered, with an error

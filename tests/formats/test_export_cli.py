@@ -51,6 +51,60 @@ def test_export_parquet_to_tfrecord_prints_a_summary(tmp_path):
     assert "note: null" not in res.stdout
 
 
+def test_an_export_whose_spark_jvm_dies_says_so_and_how_to_give_it_memory(tmp_path):
+    # the OS's out-of-memory killer ends Spark's JVM while the export writes (in local mode an
+    # OutOfMemoryError in a task ends it too): the command printed "Py4JNetworkError: Error
+    # while sending or receiving", or a traceback when the error's text could not be fetched
+    import signal
+    import time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        pq.write_table(numeric_table(500_000, seed=i), src / f"part-{i}.parquet")
+    dst = tmp_path / "out"
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.cli", "export", str(src), str(dst), "--to", "tfrecord"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        jvm, deadline = None, time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            wrote = any(files for _, _, files in os.walk(dst)) if dst.exists() else False
+            if wrote:  # the job's tasks are writing: kill Spark's JVM, a child of the command
+                jvm = next(int(d) for d in os.listdir("/proc") if d.isdigit() and _parent(d) == proc.pid
+                           and b"java" in _read(f"/proc/{d}/cmdline"))
+                os.kill(jvm, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert jvm is not None, (out, err)
+    assert proc.returncode == 1, (out, err)
+    assert err.strip() == (  # one line, and no py4j error from stopping a JVM that is gone
+        "dataplane export: error: Spark's JVM has exited, most often because it ran out of "
+        "memory (java.lang.OutOfMemoryError; with -v its log says): run the command again with "
+        "more, e.g. SPARK_DRIVER_MEMORY=4g in front of it (in local mode the tasks run inside "
+        "the driver's JVM), or on a cluster more spark.executor.memory"
+    ), err
+    assert not dst.exists() or not any(files for _, _, files in os.walk(dst))  # partial output removed
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _parent(pid: str) -> int:
+    stat = _read(f"/proc/{pid}/stat").decode(errors="replace")
+    return int(stat.rsplit(") ", 1)[1].split()[1]) if ") " in stat else -1
+
+
 def test_a_glob_source_exports_what_it_matches(tmp_path):
     # export said "SRC data/*.parquet does not exist" where inspect and bench took the glob
     for k in range(3):
