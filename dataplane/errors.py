@@ -4,7 +4,8 @@ The classes are defined in :mod:`formats.errors` (the lowest package, so ``forma
 ``feeders`` raise them without importing ``dataplane``); this module re-exports every one, so
 ``except dataplane.errors.SchemaError`` catches exactly what ``formats`` and ``feeders`` raise.
 :func:`error_summary` reads node tracebacks and :func:`spark_job_error` a failed Spark job's
-error; both are the driver's own. :func:`model_input_nulls` words a null sent to a model
+error; both are the driver's own, as is :func:`jvm_gone` (has the session's JVM exited?), which
+the CLI uses too. :func:`model_input_nulls` words a null sent to a model
 (inference and ``dataplane.predict``). :data:`TF_STARTUP_NOISE` matches what TensorFlow logs at
 start-up, some of it as errors, that is not one (the console script leaves it out of its own
 stderr); :func:`drop_tf_noise` also drops TF 2.16's end-of-pass warnings (the driver uses it on
@@ -14,7 +15,7 @@ the node logs it shows).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from formats.errors import (
     ClusterStateError,
@@ -49,6 +50,7 @@ __all__ = [
     "known_fix",
     "spark_job_error",
     "spark_jvm_exited",
+    "jvm_gone",
     "JVM_EXITED",
     "SPARK_OOM_FIX",
     "model_input_nulls",
@@ -201,6 +203,34 @@ JVM_EXITED = (
     ".config('spark.driver.memory', '4g') on the first session built) or with tasks that hold "
     "fewer bytes at once (spark.sql.execution.arrow.maxRecordsPerBatch)."
 )
+
+
+def jvm_gone(spark: Any = None) -> bool:
+    """True once a classic session's JVM has exited (killed by the OS, or out of memory: in
+    local mode the tasks run in it, and an ``OutOfMemoryError`` in one ends it): py4j reaches
+    it no more. False while it answers, after ``spark.stop()`` (its JVM lives on) and for
+    Spark Connect (whose server's failures arrive as errors that say so). ``spark`` None: the
+    process's active SparkContext, if pyspark has started one."""
+    if spark is None:
+        import sys
+
+        pyspark = sys.modules.get("pyspark")
+        sc = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
+    elif type(spark).__module__.startswith("pyspark.sql.connect"):
+        return False
+    else:
+        sc = getattr(spark, "_sc", None)
+    if getattr(sc, "_jsc", None) is None:  # none started, or stopped (spark.stop())
+        return False
+    from py4j.protocol import Py4JNetworkError
+
+    try:
+        sc._jsc.sc().isStopped()  # type: ignore[union-attr]
+    except (Py4JNetworkError, OSError):
+        return True
+    except Exception:  # noqa: BLE001 - it answered, with an error
+        return False
+    return False
 
 
 def spark_jvm_exited(what: str, said: str = "") -> str:

@@ -81,7 +81,7 @@ def _one_line(text: str) -> str:
 def jvm_exited_line(spark: Any = None) -> str | None:
     """The line a command prints when Spark's JVM (``spark``'s, or the process's active
     SparkContext's) has exited under it, else None."""
-    from dataplane.driver.sparkjobs import jvm_gone
+    from dataplane.errors import jvm_gone
 
     if not jvm_gone(spark):
         return None

@@ -22,10 +22,10 @@ import pyarrow as pa
 
 from dataplane.driver.control import ControlServer
 from dataplane.errors import (
-    JVM_EXITED, ClusterStateError, NodeError, NodeSchemaError, error_summary, known_fix,
+    JVM_EXITED, ClusterStateError, NodeError, NodeSchemaError, error_summary, jvm_gone, known_fix,
 )
 from dataplane.driver.feed import Feeder, FeedReport
-from dataplane.driver.sparkjobs import SparkJob, jvm_gone, on_jvm_exit, plain_ctrl_c, spark_stopped
+from dataplane.driver.sparkjobs import SparkJob, on_jvm_exit, plain_ctrl_c, spark_stopped
 from dataplane.topology import NodeInfo, Topology
 
 __all__ = ["Cluster"]

@@ -13,9 +13,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import pyarrow as pa
 
-from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect, jvm_gone
+from dataplane.driver.sparkjobs import PerDataFrame, SparkJob, is_connect
 from dataplane.errors import (
-    SPARK_OOM_FIX, FeedError, NodeError, SchemaError, spark_error_text, spark_jvm_exited,
+    SPARK_OOM_FIX, FeedError, NodeError, SchemaError, jvm_gone, spark_error_text, spark_jvm_exited,
 )
 from dataplane.topology import NodeInfo
 from feeders.protocol import chunk_bytes

@@ -13,7 +13,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
-__all__ = ["SparkJob", "PerDataFrame", "is_connect", "jvm_gone", "on_jvm_exit", "arrow_schema_of", "sample_arrow"]
+__all__ = ["SparkJob", "PerDataFrame", "is_connect", "on_jvm_exit", "arrow_schema_of", "sample_arrow"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,40 +31,12 @@ def spark_stopped(spark: Any) -> bool:
     return sc is None or getattr(sc, "_jsc", None) is None
 
 
-def jvm_gone(spark: Any = None) -> bool:
-    """True once a classic session's JVM has exited (killed by the OS, or out of memory: in
-    local mode the tasks run in it, and an ``OutOfMemoryError`` in one ends it): py4j reaches
-    it no more. False while it answers, after ``spark.stop()`` (its JVM lives on) and for
-    Spark Connect (whose server's failures arrive as errors that say so). ``spark`` None: the
-    process's active SparkContext, if pyspark has started one."""
-    if spark is None:
-        import sys
-
-        pyspark = sys.modules.get("pyspark")
-        sc = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
-    elif is_connect(spark) or spark_stopped(spark):
-        return False
-    else:
-        sc = spark._sc
-    if getattr(sc, "_jsc", None) is None:
-        return False
-    from py4j.protocol import Py4JNetworkError
-
-    try:
-        sc._jsc.sc().isStopped()
-    except (Py4JNetworkError, OSError):
-        return True
-    except Exception:  # noqa: BLE001 - it answered, with an error
-        return False
-    return False
-
-
 @contextlib.contextmanager
 def on_jvm_exit(spark: Any, what: str) -> Iterator[None]:
     """Inside the block, a call into Spark that fails because its JVM has exited (py4j's
     ConnectionRefusedError, or a Py4JJavaError that cannot fetch its own text) raises a
     FeedError saying so and what to do; our own errors pass as they are."""
-    from dataplane.errors import DataplaneError, FeedError, spark_jvm_exited
+    from dataplane.errors import DataplaneError, FeedError, jvm_gone, spark_jvm_exited
 
     try:
         yield

@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from dataplane.driver.cluster import Cluster
 from dataplane.driver.control import ControlServer
-from dataplane.errors import JVM_EXITED, ClusterStateError, NodeError, ReservationError, spark_job_error
-from dataplane.driver.sparkjobs import SparkJob, is_connect, jvm_gone, spark_stopped
+from dataplane.errors import JVM_EXITED, ClusterStateError, NodeError, ReservationError, jvm_gone, spark_job_error
+from dataplane.driver.sparkjobs import SparkJob, is_connect, spark_stopped
 from dataplane.node.launcher import LAUNCH_SCHEMA, NodeConfig, NodeLauncher
 
 __all__ = ["run"]
