@@ -122,6 +122,7 @@ class ParkedRows:
                 self._written = 0
             self._writer.write_batch(batch)
         except OSError as e:
+            self._writer = None  # (as the cache does: the next rows try a new file)
             raise spill_failed(
                 self._files.get(self._made - 1, self.directory), e,
                 "rows set aside while another epoch's pass waited for its own",

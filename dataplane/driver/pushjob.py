@@ -234,9 +234,10 @@ class PushJobs:
             return {}
         binary = any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in schema)
         strings = any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type) for f in schema)
-        if not binary and not (strings and not shuffles(df)):
+        if not binary and not strings:
             return {}
-        return self._values.get(df, lambda: value_bytes(df, schema))
+        # (the plan is read once per DataFrame too, with the sample it decides on)
+        return self._values.get(df, lambda: value_bytes(df, schema) if binary or not shuffles(df) else {})
 
     def shapes(self, df: Any, schema: pa.Schema) -> ShapeScan:
         """Array lengths of ``df`` (a Spark pass over it), remembered while ``df`` is alive, so
