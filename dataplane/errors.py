@@ -311,6 +311,15 @@ _KNOWN_FIXES = (
     # multiprocessing in main with a function of the driver's script (by value, not by name)
     (("Can't pickle <function", "on __main__ failed"), _BY_NAME_IN_A_CHILD),
     (("Can't get attribute", "on <module '__main__'"), _BY_NAME_IN_A_CHILD),
+    # model.save / load_model / a callback writing to s3:// or hdfs:// on TensorFlow 2.18+
+    (("File system scheme", "not implemented"),
+     "This TensorFlow reads and writes local files only (its s3:// and hdfs:// moved to "
+     "tensorflow-io, whose ops do not load on TensorFlow 2.18+). Save models with "
+     "ctx.save_model(model, url), which saves locally and uploads through pyarrow.fs; "
+     "dataplane.predict reads them back from the same URL; read data with "
+     "feeders.parquet_dataset or tfrecord_dataset. Point checkpoints and TensorBoard logs at a "
+     "local directory (ctx.absolute_path gives a remote one when the cluster's default "
+     "filesystem is remote) and copy them up with pyarrow.fs when done."),
     (("DecodePng",), "A value of a ctx.dataset(decode={...: 'png'}) column is a damaged PNG (it "
      "starts like one but does not decode): find it on the DataFrame, e.g. with a UDF calling "
      "tf.io.decode_png."),

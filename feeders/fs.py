@@ -9,6 +9,7 @@ from __future__ import annotations
 from formats.fs import (
     PARQUET_SUFFIXES,
     Location,
+    download,
     hdfs_filesystem,
     hdfs_problems,
     list_files,
@@ -17,11 +18,16 @@ from formats.fs import (
     resolve,
     s3_filesystem,
     storage_error,
+    through_pyarrow,
+    upload,
     write_text_atomic,
 )
 
 __all__ = [
     "Location",
+    "through_pyarrow",
+    "upload",
+    "download",
     "resolve",
     "list_files",
     "parquet_files",

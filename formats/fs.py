@@ -31,6 +31,9 @@ __all__ = [
     "storage_error",
     "listing_root",
     "write_text_atomic",
+    "through_pyarrow",
+    "upload",
+    "download",
 ]
 
 logger = logging.getLogger(__name__)
@@ -454,3 +457,78 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+# URL schemes whose files go through pyarrow.fs here. TensorFlow 2.18+ has no filesystem for
+# them (its s3:// and hdfs:// moved to tensorflow-io, whose ops do not load there), so a model is
+# saved to a local file first and copied, and read back the same way. Other schemes TensorFlow
+# knows itself (gs://) stay TensorFlow's.
+PYARROW_SCHEMES = ("s3", "s3a", "hdfs", "viewfs")
+
+
+def through_pyarrow(path_or_url: str | os.PathLike) -> bool:
+    """Whether ``path_or_url`` is a URL of a remote filesystem this module reaches through
+    ``pyarrow.fs`` (``s3://``, ``hdfs://``) rather than a local path."""
+    text = os.fspath(path_or_url)
+    return isinstance(text, str) and "://" in text and urlsplit(text).scheme.lower() in PYARROW_SCHEMES
+
+
+def upload(local: str | os.PathLike, url: str, *, overwrite: bool = True) -> None:
+    """Copy the local file or directory ``local`` (a saved model) to ``url``, replacing what is
+    there: a directory there is removed first, so no file of an earlier save stays beside the
+    new ones. A file arrives whole (an S3 object appears when its upload completes); a
+    directory's files arrive one by one.
+
+    Raises:
+        FileExistsError: something is at ``url`` and ``overwrite`` is False.
+        StorageError: the filesystem refused (credentials, a missing bucket), naming the URL.
+    """
+    from pyarrow import fs as pafs
+
+    loc = resolve(url)
+    source = os.fspath(local)
+    try:
+        there = loc.filesystem.get_file_info(loc.path).type
+        if there != pafs.FileType.NotFound and not overwrite:
+            raise FileExistsError(f"{url} exists and the save was given overwrite=False")
+        if there == pafs.FileType.Directory:
+            loc.filesystem.delete_dir(loc.path)
+        elif there == pafs.FileType.File and os.path.isdir(source):
+            loc.filesystem.delete_file(loc.path)
+        parent = loc.path.rsplit("/", 1)[0]
+        if parent and parent != loc.path and loc.scheme != "s3":  # (S3 has no folders to make)
+            loc.filesystem.create_dir(parent, recursive=True)
+        pafs.copy_files(source, loc.path, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=loc.filesystem)
+    except (FileExistsError, StorageError):
+        raise
+    except OSError as exc:
+        raise storage_error(exc, "write", url) from exc
+
+
+def download(url: str, into: str | os.PathLike) -> str:
+    """Copy the file or directory at ``url`` into the local directory ``into``, under its own
+    name; returns the local path of the copy.
+
+    Raises:
+        StorageError: nothing is at ``url``, or the filesystem refused, naming the URL.
+    """
+    import posixpath
+
+    from pyarrow import fs as pafs
+
+    loc = resolve(url)
+    target = os.path.join(os.fspath(into), posixpath.basename(loc.path.rstrip("/")) or "model")
+    try:
+        there = loc.filesystem.get_file_info(loc.path).type
+        if there == pafs.FileType.NotFound:
+            raise StorageError(f"nothing is at {url} (no file, no directory): check the path")
+        if there == pafs.FileType.Directory:
+            os.makedirs(target, exist_ok=True)
+        pafs.copy_files(loc.path, target, source_filesystem=loc.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise storage_error(exc, "read", url) from exc
+    return target

@@ -32,10 +32,18 @@ def export_saved_model(model: Any, export_dir: str, is_chief: bool = False) -> N
     A Keras 2 (``tf_keras``) model is saved with ``model.save(export_dir, save_format='tf')``,
     as in TFoS; a Keras 3 model with ``model.export(export_dir)``. Both load with
     ``tf.saved_model.load(export_dir)`` and serve the ``serving_default`` signature.
+
+    An ``s3://`` or ``hdfs://`` ``export_dir`` (``ctx.absolute_path`` on a cluster whose default
+    filesystem is HDFS) is exported locally, then uploaded through ``pyarrow.fs``: TensorFlow
+    2.18+, and 2.16 without tensorflow-io imported, write neither.
     """
+    from formats.fs import through_pyarrow, upload
+
     if not isinstance(export_dir, str) or not export_dir:
         raise ValueError(f"export_saved_model: export_dir must be a path, got {export_dir!r}")
-    target = export_dir if is_chief else tempfile.mkdtemp(prefix="dataplane-worker-model-")
+    remote = is_chief and through_pyarrow(export_dir)
+    scratch = tempfile.mkdtemp(prefix="dataplane-worker-model-") if not is_chief or remote else None
+    target = export_dir if scratch is None else f"{scratch}/model"
     try:
         if _is_keras2(model):
             model.save(target, save_format="tf")
@@ -45,11 +53,13 @@ def export_saved_model(model: Any, export_dir: str, is_chief: bool = False) -> N
             import tensorflow as tf
 
             tf.saved_model.save(model, target)
+        if remote:
+            upload(target, export_dir)
         if is_chief:
             logger.info("exported the model as a SavedModel to %s", export_dir)
     finally:
-        if not is_chief:
-            shutil.rmtree(target, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def disable_auto_shard(options: Any) -> None:

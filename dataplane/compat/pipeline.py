@@ -298,7 +298,7 @@ def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
             import tensorflow as tf
 
             tags = tag_set.split(",") if tag_set else None
-            loaded = tf.saved_model.load(export_dir, tags=tags)
+            loaded = _load_saved_model(export_dir, tags)
             name = key or "serving_default"
             if name not in loaded.signatures:
                 raise KeyError(
@@ -307,6 +307,21 @@ def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
                 )
             _MODELS[cache_key] = (loaded, loaded.signatures[name], stamp)
         return _MODELS[cache_key][1]
+
+
+def _load_saved_model(export_dir: str, tags: list[str] | None) -> Any:
+    """``tf.saved_model.load``, through a local copy for an ``s3://`` or ``hdfs://``
+    directory (TensorFlow 2.18+, and 2.16 without tensorflow-io imported, read neither)."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from formats.fs import download, through_pyarrow
+
+    if not through_pyarrow(export_dir):
+        return tf.saved_model.load(export_dir, tags=tags)
+    with tempfile.TemporaryDirectory(prefix="dataplane-model-") as scratch:
+        return tf.saved_model.load(download(export_dir, scratch), tags=tags)
 
 
 def _output_schema(args: Namespace, output_cols: list[str]) -> Any:

@@ -326,7 +326,9 @@ class NodeContext:
 
         Under that strategy ``model.save`` (``.keras`` or SavedModel) reads variables with
         collective ops, so called on the chief alone it waits for the other workers forever.
-        ``kwargs`` go to ``model.save``. Returns ``path`` on the chief, None elsewhere.
+        ``path`` is a local path (on a disk every reader sees) or an ``s3://`` / ``hdfs://``
+        URL, which the chief saves locally and then uploads (TensorFlow 2.18+ writes neither
+        itself). ``kwargs`` go to ``model.save``. Returns ``path`` on the chief, None elsewhere.
         """
         import shutil
         import tempfile
@@ -382,10 +384,23 @@ def save_whole(save: Callable[[str], Any], path: str, *, overwrite: bool = True)
     """``save(p)`` to a hidden sibling of a local ``path`` (same extension, which picks Keras's
     format), then renamed onto it: ``path`` holds a whole model or what it held before, never
     a half-written one (a peer lost mid-save under MultiWorkerMirroredStrategy left an empty
-    SavedModel folder that looked saved). Remote URLs are saved in place."""
+    SavedModel folder that looked saved).
+
+    An ``s3://`` or ``hdfs://`` URL is saved to a local temporary copy first, then uploaded
+    through ``pyarrow.fs`` (``formats.fs.upload``): TensorFlow 2.18+ cannot write to either
+    itself. Other URLs (``gs://``) are TensorFlow's, saved in place."""
     import shutil
+    import tempfile
+
+    from formats.fs import through_pyarrow, upload
 
     scheme = urlparse(path).scheme
+    if through_pyarrow(path):
+        with tempfile.TemporaryDirectory(prefix="dataplane-save-") as scratch:
+            local = os.path.join(scratch, posixpath.basename(urlparse(path).path.rstrip("/")) or "model")
+            save(local)
+            upload(local, path, overwrite=overwrite)
+        return
     if scheme not in ("", "file"):
         save(path)
         return

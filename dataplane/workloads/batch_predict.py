@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataplane.errors import SchemaError, StorageError, model_input_nulls
-from formats.fs import files_stamp, write_text_atomic
+from formats.fs import download, files_stamp, through_pyarrow, write_text_atomic
 from formats.schema import RaggedColumn, column_specs, to_numpy
 from formats.sparkframe import map_in_arrow, not_a_spark_frame, vector_as_array, vector_columns
 
@@ -278,10 +278,25 @@ def load_predictor(model_path: str, layer: str | None, input_cols: Sequence[str]
     A custom ``loader`` passed to :func:`predict` has this same signature and returns a
     :class:`Predictor`; it may wrap this function.
 
+    An ``s3://`` or ``hdfs://`` model is copied to a local temporary directory through
+    ``pyarrow.fs``, loaded, and the copy removed (TensorFlow 2.18+ reads neither itself).
+
     Raises:
         StorageError: the path is neither a Keras file nor a SavedModel directory.
         SchemaError: the layer does not exist, or the model's inputs/outputs do not fit.
     """
+    if through_pyarrow(model_path):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="dataplane-model-") as scratch:
+            try:
+                local = download(model_path, scratch)
+            except StorageError as exc:
+                raise StorageError(f"predict: {exc}") from exc
+            try:
+                return load_predictor(local, layer, input_cols)
+            except (StorageError, SchemaError) as exc:  # named by the URL, not the copy
+                raise type(exc)(str(exc).replace(local, model_path)) from exc
     if os.path.isdir(model_path):
         if not os.path.exists(os.path.join(model_path, "saved_model.pb")):
             raise StorageError(
@@ -558,7 +573,9 @@ def predict(
     Args:
         df: the Spark DataFrame to score.
         model_path: a Keras ``.keras``/``.h5`` file or a SavedModel directory, readable at the
-            same path on the driver and every executor (a shared or local filesystem).
+            same path on the driver and every executor: a shared or local filesystem, or an
+            ``s3://`` / ``hdfs://`` URL (each process copies the model to a local temporary
+            directory to load it).
         input_cols: the columns that feed the model, in the order the model expects.
         output_col: name of the added column (default ``"prediction"``); must not exist yet.
             One value per row becomes a numeric column, more become ``array<float>`` (flattened).

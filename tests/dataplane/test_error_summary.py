@@ -294,3 +294,14 @@ def test_the_failed_call_note_tells_cut_epochs_from_withdrawn_ones():
     only_gone = _failed_call_note(KeyboardInterrupt(), [], [7])
     assert only_gone.startswith("an earlier train() call failed (KeyboardInterrupt); its epoch 7, which no")
     assert "ended early" not in only_gone
+
+
+def test_a_tensorflow_without_remote_filesystems_is_explained_with_the_ways_that_work():
+    # TensorFlow 2.18+ (and 2.16 without tensorflow-io imported) has no s3:// or hdfs://: a
+    # main's own model.save or a callback writing there failed with TensorFlow's bare words
+    text = ("tensorflow.python.framework.errors_impl.UnimplementedError: File system scheme 's3' "
+            "not implemented (file: 's3://models/run1/model.keras')")
+    fix = known_fix(text)
+    assert fix is not None and "ctx.save_model(model, url)" in fix and "pyarrow.fs" in fix, fix
+    assert "dataplane.predict" in fix and "local directory" in fix, fix
+    assert known_fix(text.replace("not implemented", "is fine")) is None
