@@ -208,16 +208,41 @@ def value_bytes(df: Any, schema: pa.Schema, rows: int = VALUE_SAMPLE_ROWS, *,
 
 
 def shuffles(df: Any) -> bool:
-    """Whether computing ``df`` takes an exchange (a join, an aggregate, a repartition), which
-    a query of its first rows computes in full; True where the plan cannot be read (Spark
-    Connect). A frame read from files, filtered and projected, does not."""
+    """Whether a query of ``df``'s first rows computes a shuffle in full (an aggregate, a
+    repartition, a sort, a join that is not a broadcast); True where the plan cannot be read
+    (Spark Connect). A frame read from files, filtered and projected, does not; nor one whose
+    shuffle lies below a ``df.cache()`` (its shuffle is computed once, and the push job reads
+    the cache), nor a join that broadcasts its small side (computed in full, but small)."""
     jdf = getattr(df, "_jdf", None)
     if jdf is None:
         return True
     try:
-        return "Exchange" in str(jdf.queryExecution().executedPlan().toString())
+        return _shuffle_in(jdf.queryExecution().executedPlan())
     except Exception:  # noqa: BLE001 - cannot tell: assume the costly case
         return True
+
+
+def _shuffle_in(plan: Any) -> bool:
+    """Whether the physical ``plan`` (a py4j SparkPlan) has a shuffle exchange above any
+    in-memory table scan (a cached frame's plan sits inside that scan's relation, which is no
+    child of it)."""
+    todo = [plan]
+    while todo:
+        node = todo.pop()
+        name = node.getClass().getSimpleName()
+        if name in ("ShuffleExchangeExec", "ShuffleQueryStageExec"):
+            return True
+        if name == "AdaptiveSparkPlanExec":  # adaptive execution holds its plan, as no child
+            todo.append(node.executedPlan())
+            continue
+        if name == "BroadcastExchangeExec":
+            continue  # the small side of a join: computed in full, shuffles included, but small
+        if name == "ReusedExchangeExec":  # an exchange computed once for two places: no child
+            todo.append(node.child())
+            continue
+        children = node.children()
+        todo.extend(children.apply(i) for i in range(children.size()))
+    return False
 
 
 def sampled_row_bytes(df: Any, schema: pa.Schema) -> int:

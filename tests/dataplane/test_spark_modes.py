@@ -317,8 +317,20 @@ def test_a_frame_computed_without_an_exchange_is_told_from_a_shuffled_one(spark,
     assert shuffles(spark.range(10).selectExpr("repeat('x', 9) as s")) is False
     assert shuffles(files.repartition(3)) is True
     assert shuffles(files.groupBy("s").count()) is True
-    assert shuffles(files.join(files.select("id"), "id")) is True
+    assert shuffles(files.join(files.select("id").hint("shuffle_hash"), "id")) is True
     assert shuffles(files.orderBy("s")) is True
+    # texts joined to a small table of labels: its side is broadcast, the texts stream
+    labels = spark.range(0, 100).selectExpr("id", "cast(id % 3 as int) as label")
+    assert shuffles(files.join(labels.hint("broadcast"), "id")) is False
+    assert shuffles(files.join(labels.groupBy("id").count().hint("broadcast"), "id")) is False
+    # a shuffled frame the user cached (as the README advises for costly ones): the sample
+    # reads the cache, and the push job the same cache
+    cached = files.repartition(3).cache()
+    assert shuffles(cached) is False
+    cached.count()
+    assert shuffles(cached) is False and shuffles(cached.select("s")) is False
+    assert shuffles(cached.groupBy("s").count()) is True
+    cached.unpersist()
 
 
 def test_the_shape_scan_tells_the_bytes_of_ragged_arrays(spark):
