@@ -313,8 +313,8 @@ _KNOWN_FIXES = (
     (("Can't get attribute", "on <module '__main__'"), _BY_NAME_IN_A_CHILD),
     # model.save / load_model / a callback writing to s3:// or hdfs:// on TensorFlow 2.18+
     (("File system scheme", "not implemented"),
-     "This TensorFlow reads and writes local files only (its s3:// and hdfs:// moved to "
-     "tensorflow-io, whose ops do not load on TensorFlow 2.18+). Save models with "
+     "This TensorFlow has no such filesystem (s3:// and hdfs:// moved to tensorflow-io, "
+     "which adds them when imported on TensorFlow 2.16 and does not load on 2.18+). Save models with "
      "ctx.save_model(model, url), which saves locally and uploads through pyarrow.fs; "
      "dataplane.predict reads them back from the same URL; read data with "
      "feeders.parquet_dataset or tfrecord_dataset. Point checkpoints and TensorBoard logs at a "
