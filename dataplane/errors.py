@@ -315,8 +315,9 @@ _KNOWN_FIXES = (
     (("File system scheme", "not implemented"),
      "This TensorFlow has no such filesystem (s3:// and hdfs:// moved to tensorflow-io, "
      "which adds them when imported on TensorFlow 2.16 and does not load on 2.18+). Save models with "
-     "ctx.save_model(model, url), which saves locally and uploads through pyarrow.fs; "
-     "dataplane.predict reads them back from the same URL; read data with "
+     "ctx.save_model(model, url), which saves locally and uploads through pyarrow.fs; load "
+     "one in main with `with ctx.local_copy(url) as p: keras.models.load_model(p)`, or score "
+     "with dataplane.predict(df, url); read data with "
      "feeders.parquet_dataset or tfrecord_dataset. Point checkpoints and TensorBoard logs at a "
      "local directory (ctx.absolute_path gives a remote one when the cluster's default "
      "filesystem is remote) and copy them up with pyarrow.fs when done."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -350,6 +351,15 @@ class NodeContext:
         finally:
             self._saves.leave(collective)
 
+    def local_copy(self, path: str) -> "contextlib.AbstractContextManager[str]":
+        """``with ctx.local_copy(url) as p:`` a local path holding what ``url`` holds (a saved
+        model, a vocabulary, pretrained weights), for loaders that read local files only:
+        TensorFlow 2.18+ reads neither ``s3://`` nor ``hdfs://``. Such a URL is copied into a
+        temporary directory through ``pyarrow.fs`` and the copy removed when the block ends; a
+        local path (or ``file://``) is handed back as it is. ``keras.models.load_model(p)``
+        inside the block loads a model ``save_model`` wrote."""
+        return local_copy(path)
+
     def absolute_path(self, path: str) -> str:
         """Qualify ``path`` against the cluster's default filesystem.
 
@@ -378,6 +388,22 @@ def _multi_worker(model: Any) -> bool:
         return bool(probe()) if callable(probe) else False
     except Exception:  # noqa: BLE001 - a strategy of another kind: not known to be collective
         return False
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """See :meth:`NodeContext.local_copy`."""
+    import tempfile
+
+    from formats.fs import download, resolve, through_pyarrow
+
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"local_copy needs a path or URL (str), got {path!r}")
+    if not through_pyarrow(path):
+        yield resolve(path).path if path.lower().startswith("file:") else path
+        return
+    with tempfile.TemporaryDirectory(prefix="dataplane-copy-") as scratch:
+        yield download(path, scratch)
 
 
 def save_whole(save: Callable[[str], Any], path: str, *, overwrite: bool = True) -> None:

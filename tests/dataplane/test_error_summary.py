@@ -303,5 +303,5 @@ def test_a_tensorflow_without_remote_filesystems_is_explained_with_the_ways_that
             "not implemented (file: 's3://models/run1/model.keras')")
     fix = known_fix(text)
     assert fix is not None and "ctx.save_model(model, url)" in fix and "pyarrow.fs" in fix, fix
-    assert "dataplane.predict" in fix and "local directory" in fix, fix
+    assert "dataplane.predict" in fix and "ctx.local_copy(url)" in fix and "local directory" in fix, fix
     assert known_fix(text.replace("not implemented", "is fine")) is None

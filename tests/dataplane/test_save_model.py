@@ -168,6 +168,10 @@ _S3_DRIVER = textwrap.dedent(
         model.fit(ds, epochs=2, verbose=0)
         ctx.save_model(model, args["url"])  # a SavedModel folder on S3
         ctx.save_model(model, args["local"])
+        with ctx.local_copy(args["url"]) as path:  # and read back in main, as a fine-tune would
+            back = tf.keras.models.load_model(path)
+        x = np.arange(8, dtype=np.float32).reshape(4, 2)
+        assert np.array_equal(np.asarray(back(x)), np.asarray(model(x))), "the copy differs"
 
     def train_fn(args, ctx):  # TFEstimator's, one node, Keras 3
         import keras
@@ -246,3 +250,28 @@ def test_tfos_export_saved_model_to_s3_serves_tfmodel_s_signature(s3):
     (out,) = fn(x=x).values()
     np.testing.assert_allclose(np.asarray(out), np.asarray(model(x)), rtol=1e-6)
     assert _ours(scratch) == []
+
+
+@pytest.mark.s3
+def test_local_copy_hands_a_loader_the_file_or_folder_at_a_url_then_removes_it(s3, tmp_path):
+    from dataplane.errors import StorageError
+    from dataplane.node.context import local_copy
+
+    server, bucket, scratch = s3
+    fs = server.filesystem()
+    with fs.open_output_stream(f"{bucket}/vocab/words.txt") as f:
+        f.write(b"alpha\nbeta\n")
+    with fs.open_output_stream(f"{bucket}/weights/sub/w.bin") as f:
+        f.write(b"\x01\x02")
+    with local_copy(f"s3://{bucket}/vocab/words.txt") as p:
+        assert os.path.basename(p) == "words.txt" and open(p, "rb").read() == b"alpha\nbeta\n"
+    with local_copy(f"s3://{bucket}/weights") as d:
+        assert os.path.basename(d) == "weights" and open(os.path.join(d, "sub", "w.bin"), "rb").read() == b"\x01\x02"
+    assert not os.path.exists(p) and not os.path.exists(d) and _ours(scratch) == []
+    here = tmp_path / "m.keras"
+    here.write_bytes(b"x")
+    with local_copy(str(here)) as a, local_copy(f"file://{here}") as b:
+        assert a == str(here) and b == str(here)
+    with pytest.raises(StorageError, match=rf"nothing is at s3://{bucket}/none"):
+        with local_copy(f"s3://{bucket}/none"):
+            pass
