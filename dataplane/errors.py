@@ -110,6 +110,7 @@ def drop_tf_noise(lines: list[str]) -> list[str]:
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Stopped|Shutdown))\b:?\s")
 
 
+_ROOT_ERRORS = re.compile(r"^\d+ root error\(s\) found\.$")  # TF's header over "(0) ..." lines
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -136,8 +137,15 @@ def error_summary(text: str, *, max_lines: int = 8, max_chars: int = 1500) -> st
     if first is None:
         return lines[-1].strip() if lines else ""
     out = [lines[first].strip()]
+    where = False  # inside TF's "Detected at node X defined at (most recent call last):" stack
     for ln in lines[first + 1:]:
         if ln.lstrip().startswith(_TF_NOISE):
+            where = where or ln.lstrip().startswith("Detected at node ")
+            continue
+        if where and ln.lstrip().startswith('File "'):
+            continue  # where the op was made; the message follows it ("Cast string to float...")
+        where = False
+        if _ROOT_ERRORS.match(ln.strip()):
             continue
         inside = _IN_DATASET.match(ln.strip())
         if inside:  # a tf.data function's failure (an Assert's text): its message, not its place
@@ -311,6 +319,11 @@ _KNOWN_FIXES = (
     # multiprocessing in main with a function of the driver's script (by value, not by name)
     (("Can't pickle <function", "on __main__ failed"), _BY_NAME_IN_A_CHILD),
     (("Can't get attribute", "on <module '__main__'"), _BY_NAME_IN_A_CHILD),
+    # a text column (labels such as 'cat') into a loss or a layer
+    (("Cast string to", "is not supported"),
+     "A text column reached an op that takes numbers, most often the label ('cat', 'dog'). "
+     "Make it numbers on the DataFrame first (pyspark.ml.feature.StringIndexer, or F.when), "
+     "or leave it out of what the model gets (ctx.dataset(features=[...]))."),
     # model.save / load_model / a callback writing to s3:// or hdfs:// on TensorFlow 2.18+
     (("File system scheme", "not implemented"),
      "This TensorFlow has no such filesystem (s3:// and hdfs:// moved to tensorflow-io, "

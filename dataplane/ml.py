@@ -485,7 +485,11 @@ class TFEstimator(_SharedParams, Estimator, DefaultParamsReadable, DefaultParams
         with cluster:
             report = cluster.train(feed, num_epochs=self.getEpochs())
             logger.info("TFEstimator: pushed %d rows in %.1f s", report.rows, report.seconds)
-        if "://" not in model_path and not os.path.exists(model_path):
+        from formats.fs import files_stamp, through_pyarrow
+
+        missing = (files_stamp(model_path) is None if through_pyarrow(model_path)
+                   else "://" not in model_path and not os.path.exists(model_path))
+        if missing:
             raise StorageError(
                 f"TFEstimator.fit: training finished but {model_path} does not exist. "
                 f"train_fn must return the Keras model (the chief saves it) or save it to "

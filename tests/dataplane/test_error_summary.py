@@ -305,3 +305,26 @@ def test_a_tensorflow_without_remote_filesystems_is_explained_with_the_ways_that
     assert fix is not None and "ctx.save_model(model, url)" in fix and "pyarrow.fs" in fix, fix
     assert "dataplane.predict" in fix and "ctx.local_copy(url)" in fix and "local directory" in fix, fix
     assert known_fix(text.replace("not implemented", "is fine")) is None
+
+
+def test_a_graph_error_keeps_its_message_after_the_stack_of_where_its_op_was_made():
+    # a text label into a Keras loss: the NodeError said only "UnimplementedError: Graph
+    # execution error:", since the stack TF prints before the message ended the summary
+    stack = "".join(f'  File "/venv/keras/src/trainers/trainer.py", line {n}, in f{n}\n\n' for n in range(12))
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/work/main/dataplane/node/process.py", line 476, in _run_main\n'
+        "tensorflow.python.framework.errors_impl.UnimplementedError: Graph execution error:\n\n"
+        "Detected at node compile_loss/sparse_categorical_crossentropy/Cast defined at (most recent call last):\n"
+        f"{stack}"
+        "Cast string to float is not supported\n"
+        "\t [[{{node compile_loss/sparse_categorical_crossentropy/Cast}}]] [Op:__inference_multi_step_on_iterator_519]\n"
+    )
+    assert error_summary(text) == (
+        "tensorflow.python.framework.errors_impl.UnimplementedError: Graph execution error:\n"
+        "Cast string to float is not supported")
+    assert "StringIndexer" in known_fix(text) and "features=[...]" in known_fix(text)
+    # several root errors: the first one's message, not TF's count of them
+    several = text.replace("Cast string to float is not supported\n",
+                           "2 root error(s) found.\n  (0) UNIMPLEMENTED:  Cast string to float is not supported\n")
+    assert error_summary(several).splitlines()[1].strip() == "(0) UNIMPLEMENTED:  Cast string to float is not supported"

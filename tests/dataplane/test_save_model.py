@@ -197,9 +197,15 @@ _S3_DRIVER = textwrap.dedent(
     fitted = TFEstimator(train_fn, inputCols=["a"], labelCol="y", epochs=1, batchSize=100,
                          exportDir=f"s3://{bucket}/estimator").fit(df)
     scored = fitted.transform(df).select("prediction").collect()
+    try:  # a train_fn that neither returns nor saves its model
+        TFEstimator(lambda args, ctx: [b for b in ctx.dataset(100)] and None, inputCols=["a"], labelCol="y",
+                    epochs=1, exportDir=f"s3://{bucket}/estimator").fit(df)
+        unsaved = "no error"
+    except Exception as e:
+        unsaved = f"{type(e).__name__}: {e}"
     print(json.dumps({"rows": len(r), "same": r == h, "spread": float(np.std(list(r.values()))),
                       "model_path": fitted.getOrDefault(fitted.modelPath), "scored": len(scored),
-                      "nulls": sum(row[0] is None for row in scored)}), flush=True)
+                      "nulls": sum(row[0] is None for row in scored), "unsaved": unsaved}), flush=True)
     """
 )
 
@@ -224,6 +230,8 @@ def test_a_cluster_without_a_shared_disk_trains_saves_to_s3_and_scores_from_ther
     assert out["rows"] == 2000 and out["same"] and out["spread"] > 0, out
     assert re.fullmatch(rf"s3://{bucket}/estimator/fit-\d{{8}}-\d{{6}}-[0-9a-f]{{6}}/model\.keras", out["model_path"]), out
     assert out["scored"] == 2000 and out["nulls"] == 0, out
+    assert re.match(rf"StorageError: TFEstimator.fit: training finished but s3://{bucket}/estimator/fit-[-\d]+-[0-9a-f]{{6}}"
+                    rf"/model\.keras does not exist\. train_fn must return", out["unsaved"]), out
     assert _s3_files(server, f"{bucket}/mwms/model")[:3] == ["fingerprint.pb", "keras_metadata.pb", "saved_model.pb"]
     assert _ours(scratch) == []
 

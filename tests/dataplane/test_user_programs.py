@@ -1229,6 +1229,36 @@ def test_an_undeclared_list_column_read_by_a_pull_reader_is_told_its_shapes_fix(
         wait_gone(pids, 30)
 
 
+def _text_label_fit_main(args, ctx):  # type: ignore[no-untyped-def]
+    import keras
+
+    ds = ctx.dataset(64, features="x", label="animal")
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(ds, epochs=1, verbose=0)
+
+
+def test_a_text_label_into_a_keras_loss_is_named_with_the_fix(spark):
+    """Labels left as text ('cat', 'dog'), as a DataFrame often has them: the train call's
+    NodeError said only "UnimplementedError: Graph execution error:", since TensorFlow puts
+    the stack of where its op was made before the message."""
+    df = spark.range(0, 400, 1, 2).selectExpr("cast(id as float) as x", "IF(id % 2 = 0, 'cat', 'dog') as animal")
+    cluster = dataplane.run(spark, _text_label_fit_main, None, num_nodes=1)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        with pytest.raises(NodeError) as info:
+            cluster.train(df)
+        text = str(info.value)
+        assert "UnimplementedError: Graph execution error:\nCast string to float is not supported\n" in text, text
+        assert "Make it numbers on the DataFrame first (pyspark.ml.feature.StringIndexer" in text, text
+    finally:
+        try:
+            cluster.shutdown(timeout=30)
+        except NodeError:
+            pass
+        wait_gone(pids, 30)
+
+
 def test_a_bad_row_making_an_array_column_ragged_is_named_when_the_model_fails(spark):
     """One row of 3 values in a column of 4-value arrays (a bad record): the column arrives
     ragged and Keras' Dense fails on it in its own words; the error adds which column, its
