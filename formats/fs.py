@@ -487,6 +487,10 @@ def upload(local: str | os.PathLike, url: str, *, overwrite: bool = True) -> Non
 
     loc = resolve(url)
     source = os.fspath(local)
+    if (loc.scheme == "s3" and "/" not in loc.path) or loc.path == "/":
+        # replacing what is there would empty the whole bucket or filesystem
+        raise StorageError(f"cannot save to {url}: it names a bucket or a filesystem's root, "
+                           f"not a place in it; add a path, e.g. {url.rstrip('/')}/models/model.keras")
     try:
         there = loc.filesystem.get_file_info(loc.path).type
         if there != pafs.FileType.NotFound and not overwrite:

@@ -142,6 +142,12 @@ def test_a_model_url_with_nothing_there_or_no_model_or_refused_keys_is_named(s3)
         f.write(b"not a model")
     with pytest.raises(StorageError, match=rf"cannot load 's3://{bucket}/notes/model.keras': it exists but is not a .keras archive"):
         load_predictor(f"s3://{bucket}/notes/model.keras", None, ["x"])
+    for root in (f"s3://{bucket}", f"s3://{bucket}/"):  # replacing it would empty the bucket
+        with pytest.raises(StorageError, match=rf"cannot save to s3://{bucket}/?: it names a bucket or a "
+                                               rf"filesystem's root, not a place in it; add a path, e.g. "
+                                               rf"s3://{bucket}/models/model.keras"):
+            save_whole(lambda p: open(p, "wb").close(), root)
+    assert _s3_files(server, bucket) == ["notes/model.keras"]
     os.environ["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"  # (monkeypatched: set back after the test)
     with pytest.raises(StorageError, match=rf"cannot write s3://{bucket}/m.keras: .*The S3 server refused the credentials"):
         save_whole(lambda p: open(p, "wb").close(), f"s3://{bucket}/m.keras")
