@@ -319,6 +319,12 @@ _KNOWN_FIXES = (
     # multiprocessing in main with a function of the driver's script (by value, not by name)
     (("Can't pickle <function", "on __main__ failed"), _BY_NAME_IN_A_CHILD),
     (("Can't get attribute", "on <module '__main__'"), _BY_NAME_IN_A_CHILD),
+    # fit(ds, validation_split=0.2): Keras 3 and tf_keras split in-memory arrays only
+    (("validation_split", "only supported for"),
+     "Keras splits only in-memory arrays, not a dataset. Split the DataFrame instead: "
+     "train_df, val_df = df.randomSplit([0.8, 0.2], seed=1); cluster.train(train_df, epochs, "
+     "validation=val_df); and in main, fit(ctx.dataset(...), validation_data="
+     "ctx.dataset(..., split='validation'))."),
     # a text column (labels such as 'cat') into a loss or a layer
     (("Cast string to", "is not supported"),
      "A text column reached an op that takes numbers, most often the label ('cat', 'dog'). "

@@ -328,3 +328,14 @@ def test_a_graph_error_keeps_its_message_after_the_stack_of_where_its_op_was_mad
     several = text.replace("Cast string to float is not supported\n",
                            "2 root error(s) found.\n  (0) UNIMPLEMENTED:  Cast string to float is not supported\n")
     assert error_summary(several).splitlines()[1].strip() == "(0) UNIMPLEMENTED:  Cast string to float is not supported"
+
+
+def test_fit_with_validation_split_on_the_feed_is_told_to_split_the_dataframe():
+    keras3 = ("ValueError: Argument `validation_split` is only supported for tensors or NumPy arrays."
+              "Found incompatible type in the input: [<class 'tensorflow.python.data.ops.dataset_ops._OptionsDataset'>]")
+    tf_keras = ("ValueError: `validation_split` is only supported for Tensors or NumPy arrays, found "
+                "following types in the input: [<class 'tensorflow.python.data.ops.dataset_ops.PrefetchDataset'>]")
+    for text in (keras3, tf_keras):
+        fix = known_fix(text)
+        assert fix is not None and "df.randomSplit([0.8, 0.2], seed=1)" in fix, fix
+        assert "validation=val_df" in fix and "split='validation'" in fix, fix
