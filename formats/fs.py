@@ -10,11 +10,12 @@ The environment is read when a URL is resolved, never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from formats.errors import StorageError
@@ -34,6 +35,7 @@ __all__ = [
     "through_pyarrow",
     "upload",
     "download",
+    "local_copy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -536,3 +538,19 @@ def download(url: str, into: str | os.PathLike) -> str:
     except OSError as exc:
         raise storage_error(exc, "read", url) from exc
     return target
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local path holding what ``path`` holds, for the ``with`` block: an ``s3://`` or
+    ``hdfs://`` file or folder is copied into a temporary directory (:func:`download`) and
+    the copy removed afterwards; a local path, or ``file://``, is handed back as it is."""
+    import tempfile
+
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"local_copy needs a path or URL (str), got {path!r}")
+    if not through_pyarrow(path):
+        yield resolve(path).path if path.lower().startswith("file:") else path
+        return
+    with tempfile.TemporaryDirectory(prefix="dataplane-copy-") as scratch:
+        yield download(path, scratch)

@@ -312,16 +312,12 @@ def _signature(export_dir: str, tag_set: str | None, key: str | None) -> Any:
 def _load_saved_model(export_dir: str, tags: list[str] | None) -> Any:
     """``tf.saved_model.load``, through a local copy for an ``s3://`` or ``hdfs://``
     directory (TensorFlow 2.18+, and 2.16 without tensorflow-io imported, read neither)."""
-    import tempfile
-
     import tensorflow as tf
 
-    from formats.fs import download, through_pyarrow
+    from formats.fs import local_copy
 
-    if not through_pyarrow(export_dir):
-        return tf.saved_model.load(export_dir, tags=tags)
-    with tempfile.TemporaryDirectory(prefix="dataplane-model-") as scratch:
-        return tf.saved_model.load(download(export_dir, scratch), tags=tags)
+    with local_copy(export_dir) as local:
+        return tf.saved_model.load(local, tags=tags)
 
 
 def _output_schema(args: Namespace, output_cols: list[str]) -> Any:

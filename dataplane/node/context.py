@@ -17,6 +17,7 @@ from dataplane.errors import FeedError, SchemaError
 from dataplane.node.server import InferenceBroker, SaveTally
 from dataplane.topology import NodeInfo, Topology
 from feeders.buffer import FeedBuffer
+from formats.fs import local_copy
 
 __all__ = ["NodeContext"]
 
@@ -388,22 +389,6 @@ def _multi_worker(model: Any) -> bool:
         return bool(probe()) if callable(probe) else False
     except Exception:  # noqa: BLE001 - a strategy of another kind: not known to be collective
         return False
-
-
-@contextlib.contextmanager
-def local_copy(path: str) -> Iterator[str]:
-    """See :meth:`NodeContext.local_copy`."""
-    import tempfile
-
-    from formats.fs import download, resolve, through_pyarrow
-
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"local_copy needs a path or URL (str), got {path!r}")
-    if not through_pyarrow(path):
-        yield resolve(path).path if path.lower().startswith("file:") else path
-        return
-    with tempfile.TemporaryDirectory(prefix="dataplane-copy-") as scratch:
-        yield download(path, scratch)
 
 
 def save_whole(save: Callable[[str], Any], path: str, *, overwrite: bool = True) -> None:
