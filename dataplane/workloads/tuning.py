@@ -11,6 +11,11 @@ traceback; the other trials carry on. So is one that runs past ``trial_timeout``
 job has its own job group, and cancelling it makes Spark kill the trial's Python worker, which
 frees the slot for the next trial. The result is a DataFrame with one row per trial, best first.
 
+Under Spark Connect (``SparkSession.builder.remote(...)``) there is no SparkContext: a trial is a
+one-row ``mapInArrow`` job under an operation tag of its own (``interruptTag`` stops it), and the
+data travels inside each trial's plan (Connect has no broadcast), so it is bounded by
+``CONNECT_DATA_BYTES``; larger data goes as a Parquet path every executor reads.
+
 Nothing here imports TensorFlow: ``train_fn`` imports whatever it needs on the executor.
 """
 
@@ -36,6 +41,10 @@ logger = logging.getLogger(__name__)
 RESERVED_COLUMNS = ("trial", "seconds", "status", "error")
 #: How many traceback lines are kept in a failed trial's ``error`` text.
 TRACEBACK_LINES = 15
+#: Spark Connect: the most data (in memory, as Arrow or numpy holds it) sent inside every trial's
+#: plan. The server takes messages of up to 128 MiB (``spark.connect.grpc.maxInboundMessageSize``)
+#: and every trial sends its own copy.
+CONNECT_DATA_BYTES = 64 << 20
 
 # Per executor Python process: data key -> loaded training data. Filled lazily by TrialData.get().
 _DATA_CACHE: dict[str, Any] = {}
@@ -81,14 +90,17 @@ class TrialData:
     key: str
     broadcast: Any = None
     path: str | None = None
+    inline: Any = None  # Spark Connect: the data itself, pickled with every trial
 
     def get(self) -> Any:
         """The data, loaded on first use in this process and cached after that."""
-        if self.broadcast is None and self.path is None:
+        if self.broadcast is None and self.path is None and self.inline is None:
             return None
         with _DATA_LOCK:
             if self.key not in _DATA_CACHE:
-                if self.broadcast is not None:
+                if self.inline is not None:
+                    _DATA_CACHE[self.key] = self.inline
+                elif self.broadcast is not None:
                     _DATA_CACHE[self.key] = self.broadcast.value
                 else:
                     _DATA_CACHE[self.key] = _read_path(self.path)
@@ -201,17 +213,59 @@ def _check_picklable(train_fn: Callable[..., Any]) -> None:
 
 
 def _spark_context(spark: Any) -> Any:
+    """The SparkContext of a classic session (or the context itself); None for Spark Connect."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return None
     try:
         sc = getattr(spark, "sparkContext", spark)
-    except Exception:  # noqa: BLE001 - Spark Connect raises a not-implemented error here
+    except Exception:  # noqa: BLE001
         sc = None
     if not hasattr(sc, "parallelize"):
         raise TypeError(
-            f"tune: spark must be a classic SparkSession or SparkContext, got "
-            f"{type(spark).__module__}.{type(spark).__name__}. Spark Connect sessions cannot run per-trial jobs; use a "
-            f"classic session (SparkSession.builder.master(...)) for tune."
+            f"tune: spark must be a SparkSession (classic or Spark Connect) or a SparkContext, "
+            f"got {type(spark).__module__}.{type(spark).__name__}."
         )
     return sc
+
+
+def _connect_slots(spark: Any) -> int:
+    """Spark Connect has no ``defaultParallelism`` to ask: a range without a partition count
+    gets that many partitions, so the highest partition id of one says it."""
+    from pyspark.sql import functions as F
+
+    ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+    return int(ids.agg(F.max("p")).first()[0]) + 1
+
+
+def _connect_trial(spark: Any, payload: tuple[Any, ...]) -> dict[str, Any]:
+    """One trial as a one-row ``mapInArrow`` job (Spark Connect: no RDDs); its result comes
+    back pickled in a binary column."""
+    def run(batches: Any) -> Any:
+        import pickle
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        result = _run_trial(payload)
+        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]},
+                                         schema=pa.schema([("result", pa.binary())]))
+
+    import pickle
+
+    row = spark.range(0, 1, numPartitions=1).mapInArrow(run, "result binary").collect()[0]
+    return pickle.loads(row["result"])
+
+
+def _data_bytes(data: Any) -> int:
+    """About how many bytes ``data`` holds in memory (pyarrow, pandas, a dict of arrays)."""
+    if hasattr(data, "nbytes") and not callable(data.nbytes):
+        return int(data.nbytes)
+    if hasattr(data, "memory_usage"):
+        return int(data.memory_usage(deep=True).sum())
+    if isinstance(data, Mapping):
+        return sum(_data_bytes(v) for v in data.values())
+    return 0
 
 
 def _build_trials(
@@ -259,6 +313,7 @@ def _build_trials(
 
 
 def _ship_data(sc: Any, data: Any) -> TrialData:
+    """``sc`` None: Spark Connect, where the data goes inline (no broadcast there)."""
     if data is None:
         return TrialData(key="none")
     if isinstance(data, (str, os.PathLike)):
@@ -297,6 +352,17 @@ def _ship_data(sc: Any, data: Any) -> TrialData:
             table = (pa.Table.from_batches(batches) if batches
                      else spark_arrow_schema(data.schema).empty_table())
         data = table
+    if sc is None:
+        size = _data_bytes(data)
+        if size > CONNECT_DATA_BYTES:
+            raise ValueError(
+                f"tune: under Spark Connect the data travels inside every trial's plan (Connect "
+                f"has no broadcast), and this data holds {size / (1 << 20):.0f} MiB, over "
+                f"{CONNECT_DATA_BYTES >> 20} MiB. Write it as Parquet where every executor can "
+                f"read it and pass the path: df.write.parquet('s3://bucket/tune-data'), then "
+                f"tune(spark, fn, space, data='s3://bucket/tune-data')."
+            )
+        return TrialData(key=f"inline:{uuid.uuid4().hex}", inline=data)
     return TrialData(key=f"broadcast:{uuid.uuid4().hex}", broadcast=sc.broadcast(data))
 
 
@@ -390,7 +456,8 @@ def tune(
     """Run one training trial per point of ``space``, each as its own Spark task.
 
     Args:
-        spark: a classic ``SparkSession`` (or ``SparkContext``).
+        spark: a ``SparkSession``, classic or Spark Connect (``builder.remote(...)``), or a
+            ``SparkContext``.
         train_fn: ``train_fn(params, data) -> dict of metrics``, run on an executor. Must be
             picklable (a module-level function, or a closure cloudpickle can ship).
         space: what to try, one of
@@ -402,7 +469,9 @@ def tune(
             DataFrame or dict of numpy arrays is broadcast and arrives as the same type; a Spark
             DataFrame is collected once on the driver and arrives as a pyarrow Table; a path
             (Parquet file or directory, local or URL) is read by each executor process once and
-            arrives as a pyarrow Table. ``None`` (default): ``train_fn`` gets ``None``.
+            arrives as a pyarrow Table. Under Spark Connect, which has no broadcast, data
+            that is not a path goes with every trial, up to 64 MiB (``CONNECT_DATA_BYTES``).
+            ``None`` (default): ``train_fn`` gets ``None``.
         metric: the metric that ranks trials (default ``"loss"``); each ``train_fn`` must return
             it, or that trial is recorded as an error.
         mode: ``"min"`` (default, for losses) or ``"max"`` (for accuracies).
@@ -467,29 +536,39 @@ def tune(
     if metric in param_names:
         raise ValueError(f"tune: metric {metric!r} is also a param name; rename one of them.")
 
-    workers = min(parallelism or sc.defaultParallelism, len(points))
     shipped = _ship_data(sc, data)
+    if parallelism is None:
+        parallelism = _connect_slots(spark) if sc is None else sc.defaultParallelism
+    workers = min(parallelism, len(points))
     group = f"dataplane-tune-{uuid.uuid4().hex[:8]}"
     logger.info("tune: %d trials, %d at a time (job group %s)", len(points), workers, group)
 
     def one(index: int) -> dict[str, Any]:
         payload = (index, points[index], train_fn, shipped, metric)
-        # a job group per trial, so that a trial past its time is cancelled alone (Spark then
-        # kills its task's Python worker: checked by the tests)
+        # a job group (Connect: an operation tag) per trial, so that a trial past its time is
+        # cancelled alone (Spark then kills its task's Python worker: checked by the tests)
         tag = f"{group}-{index}"
-        sc.setJobGroup(tag, f"tune trial {index}: {points[index]}", interruptOnCancel=True)
+        if sc is None:
+            spark.addTag(tag)  # this thread's operations only
+        else:
+            sc.setJobGroup(tag, f"tune trial {index}: {points[index]}", interruptOnCancel=True)
         expired = threading.Event()
         timer = None
         if trial_timeout is not None:
             def expire() -> None:
                 expired.set()
-                sc.cancelJobGroup(tag)
+                if sc is None:
+                    spark.interruptTag(tag)
+                else:
+                    sc.cancelJobGroup(tag)
 
             timer = threading.Timer(trial_timeout, expire)
             timer.daemon = True
             timer.start()
         started = time.perf_counter()
         try:
+            if sc is None:
+                return _connect_trial(spark, payload)
             return sc.parallelize([payload], 1).map(_run_trial).collect()[0]
         except Exception as exc:  # noqa: BLE001 - the task itself died (worker crash, OOM...)
             if expired.is_set():
@@ -507,6 +586,8 @@ def tune(
         finally:
             if timer is not None:
                 timer.cancel()
+            if sc is None:
+                spark.removeTag(tag)
 
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dataplane-tune") as pool:

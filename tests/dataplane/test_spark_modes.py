@@ -66,6 +66,14 @@ _SCRIPT = textwrap.dedent(
             rep = c.train(make_df(spark, 200, 16).withColumn("id", slow("id")).repartition(2, "id"),
                           num_epochs=1, feed_timeout=5)
             result["slow"] = [rep.rows, time.monotonic() - t0 > 8]
+    if mode == "connect":  # tune: no SparkContext; a trial a job under an operation tag of its own
+        from tests.dataplane.test_tune import sleepy
+        tdir = os.path.join(out, "tune")
+        os.makedirs(tdir)
+        rows = dataplane.tune(spark, sleepy, [{"s": 0.0, "dir": tdir}, {"s": 600.0, "dir": tdir}],
+                              data=make_df(spark, 10, 3), trial_timeout=6).collect()
+        result["tune"] = [[r["trial"], r["status"], r["rows"], r["error"]] for r in rows]
+        result["pids"].append(int(open(os.path.join(tdir, "pid-600.0")).read()))
     # column names with dots and spaces (the push runs on stand-in names) and a Spark ML vector
     from pyspark.ml.functions import array_to_vector
     from tests.dataplane.test_spark_frames import _names_frame, names_main
@@ -138,8 +146,11 @@ def test_separate_executor_jvms_local_cluster(tmp_path):
     "Central (not bundled, not reachable here); pyspark 4 bundles it",
 )
 def test_spark_connect_start_feed_inference_shutdown(tmp_path):
-    result = _run("connect", tmp_path)
+    result = _run("connect", tmp_path)  # (it also waits for the cancelled trial's worker to go)
     assert result["session"] == "pyspark.sql.connect.session"
+    # the data went inside each trial's plan; the trial past trial_timeout was interrupted
+    assert [row[:3] for row in result["tune"]] == [[0, "ok", 10], [1, "error", None]], result["tune"]
+    assert result["tune"][1][3].startswith("trial_timeout: the trial ran past trial_timeout=6 s")
     assert result["slow"] == [200, True]
     kind, text = result["feed_stream"]
     assert kind == "TypeError" and text.startswith("feed_stream needs a classic SparkSession"), text

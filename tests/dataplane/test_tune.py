@@ -88,7 +88,7 @@ def sleepy(params, data):
     with open(os.path.join(params["dir"], f"pid-{params['s']}"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(params["s"])
-    return {"loss": float(params["s"])}
+    return {"loss": float(params["s"]), "rows": getattr(data, "num_rows", -1)}
 
 
 def test_a_trial_past_trial_timeout_is_cancelled_and_the_others_carry_on(spark, tmp_path):
