@@ -33,6 +33,7 @@ __all__ = ["Cluster"]
 logger = logging.getLogger(__name__)
 
 MWMS_HINT_AFTER = 15.0  # seconds a busy main may run beside returned ones before the save hint
+EXIT_REPORT_WAIT = 3.0  # seconds to wait, once a node is seen gone, for its reaper to say how it ended
 
 
 class Cluster:
@@ -483,10 +484,14 @@ class Cluster:
                         f"{name}: main raised:\n{summary}" + (f"\n{fix}" if fix else ""),
                         node=info, remote_traceback=st.traceback,
                     ))
-                elif include_lost and not st.done and not st.exited and _gone_here(st.registration):
+                elif include_lost and not st.done and not st.exited and (
+                        st.exit_code is not None or _gone_here(st.registration)):
                     # died without a word (killed, out of memory): its peers' collectives then
-                    # fail too, and their errors would name them instead of the cause
-                    return _died(name, info, self._peer_errors(snap, nid))
+                    # fail too, and their errors would name them instead of the cause. Its
+                    # reaper's word on how it ended follows within a second or so.
+                    self._control.wait_for(lambda now_st: now_st[nid].exit_code is not None, EXIT_REPORT_WAIT)
+                    st = self._control.snapshot()[nid]
+                    return _died(name, info, self._peer_errors(snap, nid), st.exit_code, st.exit_log)
                 elif include_lost and not st.exited and now - st.last_seen > self._node_timeout:
                     return _lost(name, info, now - st.last_seen, st.registration)
             if failed:
@@ -621,8 +626,8 @@ class Cluster:
                 unreachable.add(n.node_id)
         ids = set(self._control.registered_ids())
         def gone(st: Any) -> bool:  # told us it exited, went silent, or its process is gone
-            return (st.exited or time.monotonic() - st.last_seen > self._node_timeout
-                    or _gone_here(st.registration))
+            return (st.exited or st.exit_code is not None
+                    or time.monotonic() - st.last_seen > self._node_timeout or _gone_here(st.registration))
 
         # a node killed outright never confirms: without the pid check shutdown waited the
         # whole timeout for it
@@ -670,7 +675,8 @@ def _stop_dropped(control: ControlServer, launch_job: SparkJob | None, cluster_i
 
     def stop() -> None:
         control.request_stop()
-        control.wait_for(lambda st: all(s.exited or _gone_here(s.registration) for s in st.values()), 30.0)
+        control.wait_for(lambda st: all(s.exited or s.exit_code is not None or _gone_here(s.registration)
+                                        for s in st.values()), 30.0)
         _finish_stop(control, launch_job)
 
     threading.Thread(target=stop, name="dataplane-dropped-cluster", daemon=True).start()
@@ -810,17 +816,46 @@ def _peer_symptom(traceback_text: str) -> bool:
     ))
 
 
-def _died(name: str, info: NodeInfo | None, symptoms: list[NodeError]) -> NodeError:
+def _died(name: str, info: NodeInfo | None, symptoms: list[NodeError], code: int | None = None,
+          log: str = "") -> NodeError:
+    """The error for a node whose process ended without reporting why; ``code`` is its exit
+    code when its reaper told the driver (negative: the signal), ``log`` its last lines."""
     also = ""
     if symptoms:
         others = ", ".join(e.node.describe() if e.node else "a node" for e in symptoms)
         also = f" {others} then failed as a result (their collectives lost this node)."
-    return NodeError(
-        f"{name}: its process exited without reporting an error (killed, e.g. by the kernel's "
-        f"out-of-memory killer, or it called os._exit or crashed in native code; the executor's "
-        f"stderr may say which).{also}",
-        node=info, remote_traceback="(no traceback: the process was lost)",
-    )
+    last = f"\nIts last output:\n{log}" if log.strip() else ""
+    return NodeError(f"{name}: {_how_it_ended(code)}{also}{last}", node=info,
+                     remote_traceback=log or "(no traceback: the process was lost)")
+
+
+def _how_it_ended(code: int | None) -> str:
+    """Why a node's process ended without reporting an error, from its exit code."""
+    if code is None:
+        return ("its process exited without reporting an error (killed, e.g. by the kernel's "
+                "out-of-memory killer, or it called os._exit or crashed in native code; the "
+                "executor's stderr may say which).")
+    if code > 0:
+        return (f"its process exited with code {code} without reporting an error: main or a "
+                f"library it calls ended the process with os._exit({code}), which skips "
+                f"Python's error handling (sys.exit or an exception in main is reported).")
+    try:
+        sig = signal.Signals(-code).name
+    except ValueError:
+        sig = f"signal {-code}"
+    else:
+        sig = f"{sig} (signal {-code})"
+    if -code == signal.SIGKILL:
+        return (f"its process was killed by {sig}, which gives no chance to report: most often "
+                f"the kernel's out-of-memory killer (the machine's `dmesg` then shows 'Out of "
+                f"memory: Killed process' with its pid), or a container limit or a `kill -9`. "
+                f"If memory: smaller batches or model, a smaller run(buffer_bytes=..., "
+                f"cache_bytes=...), or fewer nodes or Spark tasks per machine.")
+    if -code in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT):
+        return (f"its process crashed in native code with {sig}: a fault in TensorFlow or "
+                f"another compiled library (or one built for another CPU or library version). "
+                f"Python's stack of the crashing thread, when it printed one, is below.")
+    return f"its process was ended by {sig} from outside, before it could report anything."
 
 
 def _local_pid(registration: dict[str, Any]) -> int:

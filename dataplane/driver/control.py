@@ -7,6 +7,8 @@ Nodes reach it over Flight actions (JSON bodies, bearer token):
 ``heartbeat``  a node is alive; reply says whether the driver wants it to stop.
 ``done``       the node's ``main`` finished: ok, or the traceback text (with ``note``: why a
                pass main read ended without rows, when one did).
+``exited``     sent by the node's reaper when the node ended without a word (killed by a
+               signal, a native crash, ``os._exit``): its exit code and its log's last lines.
 
 A heartbeat or ``done`` may carry ``log``: what the node wrote to its stdout and stderr since
 its last message (``run(log_to_driver=True)``), printed here on the driver's stderr.
@@ -44,6 +46,10 @@ class NodeStatus:
     # the node's own word on main's failure: why a pass it read ended without rows
     note: str = ""
     exited: bool = False
+    # from the node's reaper when it ended without a word: its exit code (negative: the
+    # signal that killed it) and the last lines it wrote
+    exit_code: int | None = None
+    exit_log: str = ""
 
 
 class ControlServer(flight.FlightServerBase):
@@ -231,6 +237,15 @@ class ControlServer(flight.FlightServerBase):
                     st.note = str(body.get("note", ""))
             self._cond.notify_all()
         return {"stop": self.stopping}
+
+    def _on_exited(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._cond:
+            st = self.status.get(int(body["node_id"]))
+            if st is not None:
+                st.exit_code = int(body["code"])
+                st.exit_log = str(body.get("log", ""))
+            self._cond.notify_all()
+        return {}
 
     def _touch(self, body: dict[str, Any]) -> None:
         st = self.status.get(int(body.get("node_id", -1)))

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from dataplane.node.config import NodeConfig
+from dataplane.node.logtail import file_tail
 
 __all__ = ["NodeLauncher", "NodeConfig", "LAUNCH_SCHEMA", "resolve_bind_host"]
 
@@ -157,7 +158,7 @@ class NodeLauncher:
                 shutil.rmtree(workdir, ignore_errors=True)  # no reaper was started to do it
         if not msg.get("ok"):
             error = msg.get("error", "the node process exited before registering")
-            tail = msg.get("traceback") or _tail(os.path.join(workdir, "node.log"))
+            tail = msg.get("traceback") or file_tail(os.path.join(workdir, "node.log"))
             if msg.get("died"):
                 error += shadowing_hint(env, tail)
                 if os.environ.get("DATAPLANE_KEEP_NODE_DIR") != "1":
@@ -204,14 +205,3 @@ class NodeLauncher:
                 "hostname": [str(r.get("hostname", ""))],
             }
         )
-
-
-def _tail(path: str, n: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return "(no node log)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["LogTail", "clip", "skipped_note"]
+__all__ = ["LogTail", "clip", "file_tail", "skipped_note"]
 
 BEAT_BYTES = 256 << 10  # at most this much per heartbeat; a chattier node lags, losing nothing
 FINAL_BYTES = 1 << 20  # at most this much in the node's last message; older text is skipped
@@ -30,6 +30,22 @@ def clip(text: str, limit: int = FINAL_BYTES) -> str:
         return text
     start = text.find("\n", len(text) - limit) + 1
     return skipped_note(start) + text[start:]
+
+
+def file_tail(path: str, n: int = 4000) -> str:
+    """The last ``n`` bytes or so of the file at ``path``, decoded, from a whole line on when
+    it is longer; ``"(no node log)"`` when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no node log)"
+    if size > n and "\n" in text:
+        text = text[text.index("\n") + 1:]
+    return text
 
 
 class LogTail:

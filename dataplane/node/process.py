@@ -15,6 +15,7 @@ seconds the node exits by itself, so nothing outlives a dead driver.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -35,8 +36,6 @@ from dataplane.node.reaper import TOLD_LAUNCHER
 __all__ = ["spawn_detached", "NodeShutdown"]
 
 logger = logging.getLogger("dataplane.node.process")
-
-_LOG_TAIL = 4000
 
 
 class NodeShutdown(BaseException):
@@ -562,6 +561,9 @@ def _children_from_a_forkserver() -> None:
 
 def _main(argv: list[str]) -> int:
     config_path, ready_fd = argv[1], int(argv[2])  # (argv[0]: "--run")
+    # a crash in native code (SIGSEGV, SIGABRT) writes every thread's Python stack to node.log,
+    # which the reaper's exit report carries to the driver's error (dataplane.node.exitreport)
+    faulthandler.enable()
     # Our own INFO lines, other libraries' from WARNING up (as in a plain TF program: at INFO,
     # TensorFlow logs a line for every all-reduce it builds under MWMS)
     logging.basicConfig(

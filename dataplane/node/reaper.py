@@ -46,6 +46,8 @@ def reap(config_path: str, ready_fd: int) -> int:
     # only the node may hold it open.
     os.close(ready_fd)
     code = node.wait()
+    if code != 0 and os.path.exists(config_path) and os.path.exists(os.path.join(workdir, TOLD_LAUNCHER)):
+        _report_exit(config_path, code)
     _end_left_behind()
     # DATAPLANE_KEEP_NODE_DIR=1 keeps config, payload and node.log for debugging.
     if os.environ.get("DATAPLANE_KEEP_NODE_DIR") == "1":
@@ -68,6 +70,21 @@ def reap(config_path: str, ready_fd: int) -> int:
                     except OSError:
                         pass
     return code
+
+
+def _report_exit(config_path: str, code: int) -> None:
+    """Tell the driver how a registered node ended when it could not say so itself (killed by
+    a signal, a native crash, ``os._exit``): a node that exits on its own removes its config
+    first, so only such an end leaves it here. A short process of the node's own Python sends
+    it (this script imports only the standard library); the driver then names the signal and
+    shows the log's last lines at once, instead of waiting for the heartbeats to lapse."""
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "dataplane.node.exitreport", config_path, str(code)],
+            stdin=subprocess.DEVNULL, close_fds=True, timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        pass  # the driver falls back on the heartbeats
 
 
 def detach(config_path: str, ready_fd: int) -> None:

@@ -187,7 +187,7 @@ def test_node_killed_mid_feed_fails_train_within_30s(spark, tmp_path):
     err = outcome.get("error")
     assert isinstance(err, NodeError), outcome
     # on this machine the driver sees the process is gone before its heartbeats lapse
-    assert err.node.node_id == victim.node_id and "its process exited without reporting" in str(err), str(err)
+    assert err.node.node_id == victim.node_id and "its process was killed by SIGKILL (signal 9)" in str(err), str(err)
     assert outcome["at"] - killed_at < 30
     with pytest.raises(NodeError):
         cluster.shutdown(timeout=20)
@@ -205,13 +205,58 @@ def test_a_node_killed_outright_is_named_as_gone_not_as_slow(spark):
     t0 = time.monotonic()
     text = cluster.metrics()[victim.node_id]["error"]
     assert time.monotonic() - t0 < 10
-    assert f"{victim.describe()}: its process exited without reporting an error" in text, text
-    assert "out-of-memory killer" in text, text
+    assert f"{victim.describe()}: its process was killed by SIGKILL (signal 9)" in text, text
+    assert "out-of-memory killer" in text and "dmesg" in text, text
     t0 = time.monotonic()
     with pytest.raises(NodeError):
         cluster.shutdown(timeout=20)
     # it waited the whole 20 s for the dead node to confirm its exit
     assert time.monotonic() - t0 < 10
+    assert node_processes(cluster.cluster_id) == []
+
+
+def _crash_main(args, ctx):  # type: ignore[no-untyped-def]
+    """Die at the first batch without a word: killed (as by the out-of-memory killer) or
+    crashing in native code."""
+    import ctypes
+
+    for _ in ctx.dataset(16):
+        print("first batch read", flush=True)
+        if args["how"] == "segfault":
+            ctypes.string_at(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["kill", "segfault"])
+def test_a_node_on_another_machine_dying_without_a_word_is_named_with_its_signal_at_once(spark, monkeypatch, how):
+    # The driver saw a dead node at once only on its own machine (its pid gone); on another
+    # machine it waited node_timeout (60 s here) for the heartbeats to lapse, and then could
+    # only guess the cause. The node's reaper now tells the driver how it ended.
+    import dataplane.driver.cluster as driver_cluster
+
+    monkeypatch.setattr(driver_cluster, "_gone_here", lambda registration: False)  # as on another machine
+    cluster = dataplane.run(spark, _crash_main, {"how": how}, num_nodes=1, node_timeout=60.0)
+    pids = [n.pid for n in cluster.nodes]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NodeError) as info:
+            cluster.train(make_df(spark, 2000, 2), num_epochs=1, feed_timeout=120)
+        assert time.monotonic() - t0 < 20
+        text = str(info.value)
+        assert info.value.node.node_id == 0, text
+        if how == "kill":
+            assert "node 0 (chief 0 on 127.0.0.1, pid" in text and "): its process was killed by SIGKILL (signal 9)" in text, text
+            assert "out-of-memory killer" in text and "\nIts last output:\n" in text and "first batch read" in text, text
+        else:
+            assert "): its process crashed in native code with SIGSEGV (signal 11)" in text, text
+            # faulthandler's dump: the crashing thread's stack, down to the user's line
+            stack = text.split("\nIts last output:\n", 1)[1]
+            assert stack.startswith("Fatal Python error: Segmentation fault\nCurrent thread "), text
+            assert f'File "{__file__}", line' in stack and "in _crash_main" in stack, text
+    finally:
+        with pytest.raises(NodeError):
+            cluster.shutdown(timeout=20)
+        wait_gone(pids, 15)
     assert node_processes(cluster.cluster_id) == []
 
 
@@ -279,7 +324,8 @@ def test_a_worker_dying_under_mwms_is_named_not_the_peer_its_death_broke(spark):
     assert time.monotonic() - t0 < 60
     e = info.value
     assert e.node.node_id == 1, str(e)
-    assert "worker 0" in str(e) and "its process exited without reporting an error" in str(e), str(e)
+    assert "worker 0" in str(e) and "its process exited with code 3 without reporting an error" in str(e), str(e)
+    assert "os._exit(3)" in str(e), str(e)
     with pytest.raises(NodeError):
         cluster.shutdown(timeout=20)
     wait_gone(pids, 30)
