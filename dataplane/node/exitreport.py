@@ -24,6 +24,7 @@ __all__ = ["report_exit", "crash_stack"]
 #: lines of node.log the report carries (twice as many for a crash's stack)
 EXIT_LINES = 25
 _SCAN_BYTES = 64 << 10  # how far back node.log is read
+_LINE_CHARS = 400  # a longer line (a printed array, a progress bar's carriage returns) is cut
 
 
 def crash_stack(log: str) -> list[str]:
@@ -53,6 +54,7 @@ def report_exit(config_path: str, code: int) -> int:
     cfg = NodeConfig.load(config_path)
     tail = file_tail(os.path.join(os.path.dirname(config_path), "node.log"), _SCAN_BYTES)
     lines = crash_stack(tail) or drop_tf_noise(tail.rstrip("\n").split("\n"))[-EXIT_LINES:]
+    lines = [ln if len(ln) <= _LINE_CHARS else ln[:_LINE_CHARS] + " [...]" for ln in lines]
     client = connect_driver(cfg.driver, cfg.tls)
     try:
         do_json_action(client, cfg.secret, "exited",

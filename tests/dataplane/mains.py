@@ -150,8 +150,22 @@ def wait_stop_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     ctx.wait_stop()
 
 
+def wait_for_shutdown(ctx) -> None:  # type: ignore[no-untyped-def]
+    """Wait for shutdown without ending the feed (a train() call still pushes to this node):
+    ctx.wait_stop with a timeout, which tells shutdown this main only waits, so it is stopped
+    at once. (A loop polling ctx.should_stop looks busy: shutdown waits its whole timeout.)"""
+    while not ctx.wait_stop(3600):
+        pass
+
+
 def idle_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
     """Wait for shutdown (used where only the lifecycle matters)."""
+    wait_for_shutdown(ctx)
+
+
+def polling_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Wait for shutdown polling ``ctx.should_stop``, as many programs do: to shutdown, a busy
+    main that will stop when told (once its timeout runs out)."""
     while not ctx.should_stop:
         time.sleep(0.1)
 
@@ -185,8 +199,7 @@ def steady_main(args, ctx) -> None:  # type: ignore[no-untyped-def]
             if n:
                 time.sleep(args["delay"])
         _write(os.path.join(args["dir"], f"steady{ctx.node_id}-pass{n}.json"), {"rows": rows})
-    while not ctx.should_stop:
-        time.sleep(0.1)
+    wait_for_shutdown(ctx)
 
 
 def pull_main(args, ctx) -> None:  # type: ignore[no-untyped-def]

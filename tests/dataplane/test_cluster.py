@@ -284,7 +284,7 @@ def test_importing_dataplane_does_not_import_tensorflow():
 
 
 def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
-    from tests.dataplane.mains import idle_main, pull_main
+    from tests.dataplane.mains import polling_main, pull_main
 
     # pull mode: main is busy for 12 s, longer than stop_grace and than shutdown's timeout;
     # shutdown must not cut the training short (it did once `timeout` ran out)
@@ -298,7 +298,7 @@ def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
     assert all((tmp_path / f"finished{i}.json").exists() for i in (0, 1))
     assert time.monotonic() - t0 < 40
     # a main that polls ctx.should_stop expects to be told: stopped once the timeout runs out
-    cluster = dataplane.run(spark, idle_main, None, num_nodes=2, stop_grace=2.0)
+    cluster = dataplane.run(spark, polling_main, None, num_nodes=2, stop_grace=2.0)
     t0 = time.monotonic()
     cluster.shutdown(timeout=3)
     assert 3 <= time.monotonic() - t0 < 20

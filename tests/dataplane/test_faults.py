@@ -773,7 +773,7 @@ def test_feed_timeout_limits_standing_still_not_the_length_of_training(spark, tm
         assert "pushing epoch 2 (train, 1 of 1): no row moved into or out of any node for feed_timeout=3 s" in text, text
         assert "Node(s) [0] read none of it while their main still runs" in text, text
     finally:
-        cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
+        cluster.shutdown(timeout=5)
 
 
 def test_a_main_that_never_builds_its_dataset_is_told_so_not_as_having_stopped_reading(spark):
@@ -818,7 +818,7 @@ def test_a_slow_model_training_on_one_big_take_is_not_standing_still(spark, tmp_
         assert report.rows == 12000 and report.seconds > 12 and report.rows_unconsumed == {}, report
         assert wait_json(tmp_path / "steady0-pass1.json") == {"rows": 12000}
     finally:
-        cluster.shutdown(timeout=5)  # its main polls ctx.should_stop: stopped after 5 s
+        cluster.shutdown(timeout=5)
 
 
 def _slow_id(i):  # type: ignore[no-untyped-def]
