@@ -33,6 +33,7 @@ __all__ = ["Cluster"]
 logger = logging.getLogger(__name__)
 
 MWMS_HINT_AFTER = 15.0  # seconds a busy main may run beside returned ones before the save hint
+POLLING_NOTE_AFTER = 5.0  # seconds shutdown waits on mains polling ctx.should_stop before it says why
 EXIT_REPORT_WAIT = 3.0  # seconds to wait, once a node is seen gone, for its reaper to say how it ended
 
 
@@ -529,6 +530,7 @@ class Cluster:
         take. Either comes back as the NodeError to raise.
         """
         next_note = deadline
+        polling_note = time.monotonic() + POLLING_NOTE_AFTER  # (then never again)
         hint_due = False  # some workers' mains returned while others run: the MWMS hint is timed
         ended: dict[int, dict[str, Any]] = {}  # metrics of workers whose main returned (final)
         while True:
@@ -570,6 +572,15 @@ class Cluster:
                 stuck = _stuck_after_cut(busy, returned, overran, self.topology, timeout)
                 logger.warning("shutdown: %s", stuck)
                 return stuck
+            if polling and now >= polling_note and deadline - now > 1.0:
+                polling_note = float("inf")
+                logger.warning(
+                    "shutdown: node(s) %s still run main, which polls ctx.should_stop: it may be "
+                    "training, so it is left to return by itself or told to stop once shutdown's "
+                    "timeout runs out (%.0f s from now). A main that only waits for the end "
+                    "should call ctx.wait_stop(), which shutdown ends at once.",
+                    polling, deadline - now,
+                )
             if now >= deadline and (stop_busy or len(polling) == len(busy)):
                 logger.warning(
                     "shutdown: node(s) %s were still running main when the timeout ran out; "

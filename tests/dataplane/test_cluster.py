@@ -283,7 +283,8 @@ def test_importing_dataplane_does_not_import_tensorflow():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
+def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path, monkeypatch, caplog):
+    import dataplane.driver.cluster as driver_cluster
     from tests.dataplane.mains import polling_main, pull_main
 
     # pull mode: main is busy for 12 s, longer than stop_grace and than shutdown's timeout;
@@ -297,11 +298,19 @@ def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path):
     cluster.shutdown(timeout=3)
     assert all((tmp_path / f"finished{i}.json").exists() for i in (0, 1))
     assert time.monotonic() - t0 < 40
-    # a main that polls ctx.should_stop expects to be told: stopped once the timeout runs out
+    # a main that polls ctx.should_stop expects to be told: stopped once the timeout runs out.
+    # Until then the driver said nothing (60 s by default), so the wait is explained early.
+    monkeypatch.setattr(driver_cluster, "POLLING_NOTE_AFTER", 0.5)
     cluster = dataplane.run(spark, polling_main, None, num_nodes=2, stop_grace=2.0)
     t0 = time.monotonic()
-    cluster.shutdown(timeout=3)
+    with caplog.at_level("WARNING", logger="dataplane.driver.cluster"):
+        cluster.shutdown(timeout=3)
     assert 3 <= time.monotonic() - t0 < 20
+    notes = [r.getMessage() for r in caplog.records if "which polls ctx.should_stop" in r.getMessage()]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("shutdown: node(s) [0, 1] still run main, which polls ctx.should_stop"), notes
+    assert "timeout runs out (2 s from now)" in notes[0] or "timeout runs out (3 s from now)" in notes[0], notes
+    assert "should call ctx.wait_stop(), which shutdown ends at once" in notes[0], notes
 
 
 _BLOCK_DATAPLANE = '''
