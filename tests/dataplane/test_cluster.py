@@ -302,6 +302,10 @@ def test_shutdown_waits_for_busy_mains_and_stops_waiting_ones(spark, tmp_path, m
     # Until then the driver said nothing (60 s by default), so the wait is explained early.
     monkeypatch.setattr(driver_cluster, "POLLING_NOTE_AFTER", 0.5)
     cluster = dataplane.run(spark, polling_main, None, num_nodes=2, stop_grace=2.0)
+    deadline = time.monotonic() + 30  # (a main just started may not have polled yet: then it is busy)
+    while not all(m.get("checks_should_stop") for m in cluster.metrics().values()):
+        assert time.monotonic() < deadline, cluster.metrics()
+        time.sleep(0.1)
     t0 = time.monotonic()
     with caplog.at_level("WARNING", logger="dataplane.driver.cluster"):
         cluster.shutdown(timeout=3)
